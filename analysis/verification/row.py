@@ -1,0 +1,47 @@
+"""One line of the verification table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+
+@dataclass
+class VerificationRow:
+    """A solver run in one precision on one problem, measured against mpmath ground truth.
+
+    forward_error: ``||x_hat - x*|| / ||x*||`` against the exact (>= 50 digit) solution of the
+        inputs as rounded to the working precision.
+    backward_error: ``||q - A x_hat|| / (||A|| ||x_hat|| + ||q||)`` (normwise, 2-norms).
+    truncation: ``||x_mp - x*|| / ||x*||``, the same iteration replayed in mpmath (NaN for
+        direct methods); truncation_bound is its a-priori bound (e.g. 1/T_{r+1}(1/rho)).
+    rounding: ``||x_hat - x_mp|| / ||x*||``; rounding_bound is the precision model's
+        allowance ``c * kappa * (n u_acc + u_store)`` (docs/precision.md).
+    holds: both measured values within their bounds.
+    """
+
+    solver: str
+    precision: str
+    problem: str
+    n: int
+    kappa: float
+    iters: Optional[int]
+    forward_error: float
+    backward_error: float
+    truncation: float
+    truncation_bound: float
+    rounding: float
+    rounding_bound: float
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def holds(self) -> bool:
+        ok_t = not (self.truncation > self.truncation_bound)
+        ok_r = not (self.rounding > self.rounding_bound)
+        return ok_t and ok_r
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["holds"] = self.holds
+        return d

@@ -1,0 +1,29 @@
+"""Reference solvers: plain PyTorch, batched over leading dimensions, float64 / float32 /
+bfloat16 (storage or strict mode). See docs/api.md and docs/precision.md.
+
+Each public function validates its inputs once, never modifies them, and can return a
+history record (``return_info=True``) with a :class:`Status`.
+"""
+
+from ._arith import Arith, unit_roundoff
+from ._info import SolveInfo, Status
+from .cg import cg
+from .chebyshev import chebyshev, chebyshev_weights
+from .gradient import agd, gd
+from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
+
+__all__ = [
+    "Arith",
+    "Fig1aProblems",
+    "RidgeSystem",
+    "SolveInfo",
+    "Status",
+    "agd",
+    "cg",
+    "chebyshev",
+    "chebyshev_weights",
+    "fig1a_problems",
+    "gd",
+    "gka_ridge",
+    "unit_roundoff",
+]

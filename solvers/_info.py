@@ -1,0 +1,86 @@
+"""What a solve reports besides its solution: a status value and the per-iteration history."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+class Status(enum.IntEnum):
+    """Outcome of one system's solve. Larger is worse; a batch reports its worst member."""
+
+    COMPLETED = 0  # a fixed iteration count ran to the end (no tolerance was asked for)
+    CONVERGED = 1  # the requested tolerance was met
+    MAX_ITERS_REACHED = 2  # a tolerance was asked for and not met
+    BREAKDOWN = 3  # a divisor vanished (e.g. p^T H p = 0 in CG with r != 0)
+    NONFINITE = 4  # an iterate became non-finite (overflow in low precision)
+    JITTERED = 5  # a factorisation failed and succeeded only after adding jitter
+
+
+@dataclass
+class SolveInfo:
+    """Per-iteration history of a solve (``return_info=True``).
+
+    residual_norms: ``(iters + 1, *batch)`` float64, ``||q - H x_i||`` of each *stored* iterate,
+        measured in float64 so that the measurement adds no rounding of its own.
+    iterates: ``(iters + 1, *batch, D)``, the stored iterates x_0 .. x_r in the working dtype
+        (Chebyshev: xi_0 .. xi_r; the zero start xi_{-1} is omitted).
+    system_status: ``batch``-shaped int tensor of :class:`Status` codes.
+    precision: ``float64``, ``float32``, ``bfloat16/storage`` or ``bfloat16/strict``.
+    extras: method-specific histories, e.g. ``omegas`` for Chebyshev.
+    """
+
+    residual_norms: torch.Tensor
+    iterates: torch.Tensor
+    system_status: torch.Tensor
+    precision: str
+    iterations: int
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> Status:
+        if self.system_status.numel() == 0:
+            return Status.COMPLETED
+        return Status(int(self.system_status.max()))
+
+    def __getattr__(self, name):
+        extras = self.__dict__.get("extras", {})
+        if name in extras:
+            return extras[name]
+        raise AttributeError(name)
+
+
+def residual_norm64(H: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``||q - H x||_2`` evaluated in float64 from the stored values."""
+    H64 = H.to(torch.float64)
+    r = q.to(torch.float64) - (H64 @ x.to(torch.float64).unsqueeze(-1)).squeeze(-1)
+    return torch.linalg.vector_norm(r, dim=-1)
+
+
+def build_info(
+    H: torch.Tensor,
+    q: torch.Tensor,
+    iterates: list,
+    system_status: torch.Tensor,
+    precision: str,
+    extras: Optional[dict] = None,
+) -> SolveInfo:
+    stacked = torch.stack(iterates)
+    norms = residual_norm64(H, q, stacked)
+    return SolveInfo(
+        residual_norms=norms,
+        iterates=stacked,
+        system_status=system_status,
+        precision=precision,
+        iterations=len(iterates) - 1,
+        extras=extras or {},
+    )
+
+
+def nonfinite_status(x: torch.Tensor, status: torch.Tensor) -> torch.Tensor:
+    """Mark systems whose iterate is no longer finite; never silently pass a NaN on."""
+    bad = ~torch.isfinite(x).all(dim=-1)
+    return torch.where(bad, torch.full_like(status, Status.NONFINITE), status)

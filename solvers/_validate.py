@@ -1,0 +1,118 @@
+"""Input checks at the public boundary: one clear error naming the argument, never a NaN.
+
+Every public solver calls these once, before any arithmetic. None of them modifies its
+argument; the solvers themselves never write into a caller's tensor.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ._arith import SUPPORTED_DTYPES
+
+
+def tensor(name: str, x, *, min_ndim: int = 0) -> torch.Tensor:
+    """``x`` must be a finite floating tensor of a supported dtype with ``ndim >= min_ndim``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor (float64, float32 or bfloat16), got {x.dtype}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} has dtype {x.dtype}; supported: float64, float32, bfloat16")
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}")
+    finite(name, x)
+    return x
+
+
+def finite(name: str, x: torch.Tensor) -> None:
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(f"{name} has {bad} non-finite entries (NaN or Inf)")
+
+
+def square_matrix(name: str, H) -> torch.Tensor:
+    H = tensor(name, H, min_ndim=2)
+    if H.shape[-1] != H.shape[-2]:
+        raise ValueError(f"{name} must be square in its last two dimensions, got shape {tuple(H.shape)}")
+    return H
+
+
+def same_kind(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``x`` must share ``ref``'s dtype and device."""
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {x.dtype} but {ref_name} has {ref.dtype}; they must match")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but {ref_name} is on {ref.device}; they must match")
+
+
+def rhs(name: str, q, H_name: str, H: torch.Tensor) -> torch.Tensor:
+    """A right-hand side ``(..., D)`` for the matrix ``H (..., D, D)``."""
+    q = tensor(name, q, min_ndim=1)
+    same_kind(name, q, H_name, H)
+    if q.shape[-1] != H.shape[-1]:
+        raise ValueError(
+            f"{name} has last dimension {q.shape[-1]} but {H_name} is {H.shape[-2]}x{H.shape[-1]}"
+        )
+    batch_shape(f"{H_name} and {name}", H.shape[:-2], q.shape[:-1])
+    return q
+
+
+def batch_shape(what: str, *shapes) -> torch.Size:
+    try:
+        return torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        raise ValueError(f"batch shapes of {what} do not broadcast: {[tuple(s) for s in shapes]}") from None
+
+
+def count(name: str, n, *, minimum: int = 0) -> int:
+    """A whole number such as ``iters`` or ``sweeps``."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if n < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {n}")
+    return int(n)
+
+
+def parameter(name: str, v, batch: torch.Size, device) -> torch.Tensor:
+    """A per-system scalar (float or tensor broadcast over the batch) as a float64 tensor.
+
+    float64 so that derived constants (rho, 2/(L+mu)) are computed once accurately; the
+    solver rounds them to its working precision.
+    """
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be a float or a tensor, got bool")
+    if isinstance(v, numbers.Real):
+        t = torch.tensor(float(v), dtype=torch.float64, device=device)
+    elif isinstance(v, torch.Tensor):
+        if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
+            raise TypeError(f"{name} must be a real tensor, got {v.dtype}")
+        if v.device != torch.device(device) and v.numel() != 1:
+            raise ValueError(f"{name} is on {v.device} but the data is on {device}")
+        t = v.detach().to(device=device, dtype=torch.float64)
+    else:
+        raise TypeError(f"{name} must be a float or a tensor, got {type(v).__name__}")
+    finite(name, t)
+    try:
+        return torch.broadcast_to(t, batch)
+    except RuntimeError:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, which does not broadcast to the batch {tuple(batch)}") from None
+
+
+def spectrum_bounds(L: torch.Tensor, mu: torch.Tensor) -> None:
+    """``L >= mu > 0`` (GKA Algorithm 1, line 1)."""
+    if mu.numel() and not bool((mu > 0).all()):
+        raise ValueError(f"mu must be > 0, got min(mu) = {float(mu.min())}")
+    if L.numel() and not bool((L >= mu).all()):
+        worst = int(torch.argmin(L - mu))
+        raise ValueError(
+            f"L must be >= mu, got L = {float(L.flatten()[worst])} < mu = {float(mu.flatten()[worst])}"
+        )
+
+
+def bf16_mode(mode) -> str:
+    if mode not in ("storage", "strict"):
+        raise ValueError(f"bf16_mode must be 'storage' or 'strict', got {mode!r}")
+    return mode
