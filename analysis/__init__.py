@@ -1,1 +1,1 @@
-"""placeholder"""
+"""Analysis: precision model, mpmath ground truth, metrics, bounds, figures, report CLI."""
