@@ -1,0 +1,15 @@
+"""Figure modules of the report, one per figure, discovered by the CLI through ``FIGURES``.
+
+A figure module ``analysis/figures/<name>.py`` exposes:
+
+* ``NAME: str`` — the CLI subcommand and the stem of its files (``python -m analysis <NAME>``);
+* ``HELP: str`` — one line for ``--help`` and the report's figure list;
+* ``run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list[pathlib.Path]`` —
+  writes the figure and its data under ``out_dir`` and returns the files written.
+
+``FIGURES`` lists the module names (inside this package) in report order; append yours.
+"""
+
+FIGURES: list = []
+
+__all__ = ["FIGURES"]
