@@ -9,18 +9,23 @@ from ._arith import Arith, unit_roundoff
 from ._info import SolveInfo, Status
 from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
+from .chebyshev_backward import ChebyshevSolve, algorithm2_as_printed, chebyshev_backward, chebyshev_solve
 from .gradient import agd, gd
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
     "Arith",
+    "ChebyshevSolve",
     "Fig1aProblems",
     "RidgeSystem",
     "SolveInfo",
     "Status",
     "agd",
+    "algorithm2_as_printed",
     "cg",
     "chebyshev",
+    "chebyshev_backward",
+    "chebyshev_solve",
     "chebyshev_weights",
     "fig1a_problems",
     "gd",
