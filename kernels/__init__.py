@@ -1,1 +1,11 @@
-"""placeholder"""
+"""Triton kernels mirroring ``solvers``: same names, arguments and results.
+
+Each kernel keeps one system's matrix on chip across all iterations, iterates and
+accumulates in float32 and takes float32 or bfloat16 inputs with D <= 128 (docs/api.md).
+"""
+
+from .cg import cg
+from .chebyshev import chebyshev
+from .gradient import agd, gd
+
+__all__ = ["agd", "cg", "chebyshev", "gd"]

@@ -1,0 +1,207 @@
+"""What every kernel wrapper does before and after a launch: checks, flattening, grids.
+
+Contract shared by all kernels (docs/api.md, "kernels"):
+
+* inputs float32 or bfloat16 (float64 is refused: use ``solvers``), on a CUDA device, or on
+  the CPU when ``TRITON_INTERPRET=1`` (Triton's interpreter; slow, for tests);
+* ``D <= 128`` (one system's matrix stays on chip); any D, masked to the next power of two;
+* any batch shape and size: batch dims are broadcast and flattened to ``N`` systems; a
+  launch covers at most ``MAX_GRID`` programs and larger batches run in several launches;
+* inputs that are not contiguous, or broadcast, are copied to contiguous ``(N, ...)``
+  buffers first (the caller's tensors are never written);
+* per-system scalars (L, mu, ...) are checked like the references check them, turned into
+  the derived constants in float64 and rounded once to float32, as ``Arith.scalar`` does.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from solvers import _validate as check
+from solvers._info import Status, build_info, nonfinite_status
+
+MAX_D = 128
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+INPUT_PRECISIONS = ("ieee", "tf32")
+# CUDA's limit on grid dimension x; tests lower it to exercise the multi-launch path.
+MAX_GRID = 2**31 - 1
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def device_ok(name: str, x: torch.Tensor) -> None:
+    """Kernels run on CUDA tensors, or on CPU tensors under the Triton interpreter."""
+    if x.is_cuda:
+        return
+    if x.device.type == "cpu" and interpreting():
+        return
+    if x.device.type == "cpu":
+        raise ValueError(
+            f"{name} is a CPU tensor: Triton kernels need a CUDA device "
+            "(or set TRITON_INTERPRET=1 before importing triton to run them, slowly, on the CPU)"
+        )
+    raise ValueError(f"{name} is on {x.device}; Triton kernels need a CUDA device")
+
+
+def kernel_dtype(name: str, x: torch.Tensor) -> None:
+    if x.dtype not in KERNEL_DTYPES:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; kernels take float32 or bfloat16 "
+            "(float64 runs through the references in solvers)"
+        )
+
+
+def dimension(name: str, D: int) -> None:
+    if D > MAX_D:
+        raise ValueError(f"{name} has D = {D}; kernels hold one D x D matrix on chip and support D <= {MAX_D}")
+
+
+def input_precision(p) -> str:
+    if p not in INPUT_PRECISIONS:
+        raise ValueError(f"input_precision must be one of {INPUT_PRECISIONS}, got {p!r}")
+    return p
+
+
+def out_dtype(dt, default: torch.dtype) -> torch.dtype:
+    if dt is None:
+        return default
+    if dt not in KERNEL_DTYPES:
+        raise TypeError(f"out_dtype must be torch.float32 or torch.bfloat16, got {dt}")
+    return dt
+
+
+def block(D: int) -> int:
+    """Register block edge for D: a power of two, at least 16 (the smallest tl.dot edge)."""
+    return max(16, 1 << (D - 1).bit_length())
+
+
+def systems(H, q, *, H_name: str = "H", q_name: str = "q"):
+    """Validate a batch of systems ``H (..., D, D)``, ``q (..., D)`` for a kernel.
+
+    Returns ``(H, q, batch)`` with H, q contiguous ``(N, D, D)`` / ``(N, D)`` views or copies.
+    """
+    H = check.square_matrix(H_name, H)
+    kernel_dtype(H_name, H)
+    device_ok(H_name, H)
+    q = check.rhs(q_name, q, H_name, H)
+    batch = check.batch_shape(f"{H_name} and {q_name}", H.shape[:-2], q.shape[:-1])
+    D = H.shape[-1]
+    dimension(H_name, D)
+    return flat(H.expand(*batch, D, D), 2), flat(q.expand(*batch, D), 1), batch
+
+
+def flat(x: torch.Tensor, core: int) -> torch.Tensor:
+    """``x`` as a contiguous ``(N, *core_shape)`` tensor (a copy when it is not one already)."""
+    n = 1
+    for s in x.shape[: x.ndim - core]:
+        n *= s
+    return x.reshape(n, *x.shape[x.ndim - core :]).contiguous()
+
+
+def per_system(name: str, v, batch: torch.Size, device) -> torch.Tensor:
+    """A per-system scalar as a float64 tensor of shape ``(N,)``."""
+    return check.parameter(name, v, batch, device).reshape(-1).contiguous()
+
+
+def fp32(x: torch.Tensor) -> torch.Tensor:
+    """A float64 per-system constant rounded once to float32 (``Arith.scalar``)."""
+    return x.to(torch.float32).contiguous()
+
+
+def launches(N: int):
+    """``(start, count)`` pairs covering N programs, at most ``MAX_GRID`` at a time."""
+    start = 0
+    while start < N:
+        count = min(MAX_GRID, N - start)
+        yield start, count
+        start += count
+
+
+def empty_out(shape, dtype, device) -> torch.Tensor:
+    """Output buffer; tests poison ``torch.empty`` with NaN so unwritten entries fail."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+# Matrix-vector product modes of kernels._matvec (kept in sync with its constants).
+FMA, DOT3, DOT_TF32 = 0, 1, 2
+
+
+def matvec_mode(dtype: torch.dtype, precision: str, tensor_cores) -> int:
+    """Which product a kernel uses (kernels._matvec): fixed by the dtype and the precision
+    asked for, except for bfloat16 where ``tensor_cores`` (None: the default) picks between
+    two products of the same fp32 accuracy."""
+    if tensor_cores not in (None, True, False):
+        raise TypeError(f"tensor_cores must be None, True or False, got {tensor_cores!r}")
+    if precision == "tf32":
+        if dtype != torch.float32:
+            raise ValueError(
+                "input_precision='tf32' applies to float32 inputs; bfloat16 products are already "
+                "exact in fp32 and run at fp32 accuracy"
+            )
+        if tensor_cores is False:
+            raise ValueError("input_precision='tf32' means a tensor-core product; tensor_cores=False contradicts it")
+        return DOT_TF32
+    if dtype == torch.float32:
+        if tensor_cores:
+            raise ValueError("float32 products at ieee precision do not run on tensor cores; pass input_precision='tf32'")
+        return FMA
+    if tensor_cores is None:
+        tensor_cores = BF16_TENSOR_CORES_DEFAULT
+    return DOT3 if tensor_cores else FMA
+
+
+# bfloat16 default product; chosen from the GPU timings in docs/performance.md.
+BF16_TENSOR_CORES_DEFAULT = False
+
+
+def bf16_mode(mode) -> str:
+    """Kernels accept the references' ``bf16_mode`` for drop-in use; only "storage" exists."""
+    check.bf16_mode(mode)
+    if mode == "strict":
+        raise ValueError(
+            "bf16_mode='strict' (every operation rounded to bf16) exists only in solvers; kernels "
+            "store bf16 inputs and outputs and keep float32 iterates and accumulators"
+        )
+    return mode
+
+
+def precision_label(dtype: torch.dtype, precision: str) -> str:
+    """How a kernel's result was computed, for ``SolveInfo.precision``."""
+    inputs = str(dtype).replace("torch.", "")
+    return f"{inputs}-inputs/float32-iterates" + ("/tf32-products" if precision == "tf32" else "")
+
+
+def info(H2, q2, batch, x, xs, precision: str, status=None, extras=None):
+    """The ``SolveInfo`` of a kernel run from its stored iterates ``xs (iters + 1, N, D)``.
+
+    ``status``: per-system Status codes ``(N,)`` decided in the kernel (default COMPLETED);
+    non-finite results are marked NONFINITE here, as the references do.
+    """
+    D = q2.shape[-1]
+    if status is None:
+        status = torch.full(batch, int(Status.COMPLETED), device=x.device)
+    status = nonfinite_status(x, status.reshape(batch))
+    return build_info(
+        H2.reshape(*batch, D, D), q2.reshape(*batch, D), list(xs.reshape(xs.shape[0], *batch, D).unbind(0)),
+        status, precision, extras,
+    )
+
+
+def bounded_systems(H, q, L, mu):
+    """``systems`` plus eigenvalue bounds ``L >= mu > 0`` as float64 ``(N,)`` tensors."""
+    H2, q2, batch = systems(H, q)
+    Lt = per_system("L", L, batch, H2.device)
+    mt = per_system("mu", mu, batch, H2.device)
+    check.spectrum_bounds(Lt, mt)
+    return H2, q2, batch, Lt, mt
+
+
+def num_warps(D: int) -> int:
+    """Warps per program: enough threads that a 128 x 128 fp32 block needs <= 64 registers each."""
+    if D > 64:
+        return 8
+    return 4 if D > 32 else 2

@@ -1,0 +1,119 @@
+"""Conjugate gradient with a fixed iteration count as a Triton kernel, one program per system.
+
+Same recurrence and the same freezing rules as ``solvers.cg`` (whose docstring states them
+and the bound): a system whose residual vanishes, meets the tolerance, or whose p^T H p
+stops being positive is frozen (alpha = beta = 0) instead of dividing by zero; the kernel
+records which rule froze it so that ``return_info`` reports the same Status values.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solvers import _validate as check
+from solvers._info import Status
+
+from . import _launch as launch
+from ._matvec import load_matrix, load_vector, matvec, store_vector
+
+# The reference's rounding floor uses u of its accumulation dtype, float32 here.
+U_FP32 = 2.0**-24
+
+
+@triton.jit
+def cg_kernel(
+    p_H, p_q, p_x, p_flags, p_xs, stride_xs, iters, rtol, atol,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr, USE_TOL: tl.constexpr,
+    STORE_ALL: tl.constexpr, U: tl.constexpr,
+):
+    """flags: 1 = converged/frozen by a vanishing residual, 2 = breakdown (p^T H p <= 0)."""
+    i_n = tl.program_id(0).to(tl.int64)
+    b_H = load_matrix(p_H, i_n, D, BLOCK_D, MODE)
+    b_q = load_vector(p_q, i_n, D, BLOCK_D)
+    b_x = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_r = b_q
+    b_p = b_q
+    b_rr = tl.sum(b_r * b_r)
+    b_qn = tl.sqrt(tl.sum(b_q * b_q))
+    b_thr = tl.maximum(rtol * b_qn, atol)
+    if USE_TOL:
+        b_done = b_rr <= b_thr * b_thr
+    else:
+        b_done = b_rr == 0.0
+    # Below this residual a non-positive p^T H p is convergence to working accuracy.
+    b_floor = (U * b_qn) * (U * b_qn)
+    b_broke = b_rr < 0.0
+    if STORE_ALL:
+        store_vector(p_xs, i_n, b_x, D, BLOCK_D)
+    for i in range(iters):
+        b_Hp = matvec(b_H, b_p, MODE, BLOCK_D)
+        b_pHp = tl.sum(b_p * b_Hp)
+        b_stalled = ~b_done & (b_pHp <= 0.0)
+        b_done = b_done | (b_stalled & (b_rr <= b_floor))
+        b_broke = b_broke | (b_stalled & (b_rr > b_floor))
+        b_active = ~b_done & ~b_broke
+        b_alpha = tl.where(b_active, b_rr / tl.where(b_active, b_pHp, 1.0), 0.0)
+        b_x = b_x + b_alpha * b_p
+        b_r = b_r - b_alpha * b_Hp
+        b_rr_new = tl.sum(b_r * b_r)
+        b_beta = tl.where(b_active, b_rr_new / tl.where(b_active, b_rr, 1.0), 0.0)
+        b_p = tl.where(b_active, b_r + b_beta * b_p, b_p)
+        b_rr = tl.where(b_active, b_rr_new, b_rr)
+        if USE_TOL:
+            b_done = b_done | (b_active & (b_rr <= b_thr * b_thr))
+        else:
+            b_done = b_done | (b_active & (b_rr == 0.0))
+        if STORE_ALL:
+            store_vector(p_xs + (i + 1) * stride_xs, i_n, b_x, D, BLOCK_D)
+    store_vector(p_x, i_n, b_x, D, BLOCK_D)
+    tl.store(p_flags + i_n, tl.where(b_broke, 2, tl.where(b_done, 1, 0)).to(tl.int8))
+
+
+def _tolerance(name, v, allow_none):
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ValueError(f"{name} must be a float >= 0{' or None' if allow_none else ''}, got {v!r}")
+    return float(v)
+
+
+def cg(H, q, *, iters: int, rtol=None, atol: float = 0.0, bf16_mode: str = "storage",
+       return_info: bool = False, input_precision: str = "ieee", out_dtype=None, tensor_cores=None):
+    """``iters`` steps of CG on ``H x = q`` (``solvers.cg``), optionally freezing a system once
+    ``||r_i|| <= max(rtol ||q||, atol)`` (recursive residual).
+
+    Returns x (or ``(x, info)`` with the Status per system: COMPLETED, CONVERGED,
+    MAX_ITERS_REACHED, BREAKDOWN, NONFINITE). Differences from the reference and the extra
+    options: as ``kernels.chebyshev``.
+    """
+    iters = check.count("iters", iters)
+    rtol = _tolerance("rtol", rtol, True)
+    atol = _tolerance("atol", atol, False)
+    launch.bf16_mode(bf16_mode)
+    precision = launch.input_precision(input_precision)
+    H2, q2, batch = launch.systems(H, q)
+    mode = launch.matvec_mode(H2.dtype, precision, tensor_cores)
+    odt = launch.out_dtype(out_dtype, H2.dtype)
+    use_tol = rtol is not None or atol > 0
+    N, D = q2.shape
+    x = launch.empty_out((N, D), odt, q2.device)
+    flags = launch.empty_out((N,), torch.int8, q2.device)
+    xs = launch.empty_out((iters + 1, N, D) if return_info else (1, 1, 1), odt, q2.device)
+    if N and D:
+        for s, n in launch.launches(N):
+            cg_kernel[(n,)](
+                H2[s:], q2[s:], x[s:], flags[s:], xs[:, s:] if return_info else xs, N * D, iters,
+                float(rtol or 0.0), float(atol),
+                D=D, BLOCK_D=launch.block(D), MODE=mode, USE_TOL=use_tol, STORE_ALL=return_info, U=U_FP32,
+                num_warps=launch.num_warps(D),
+            )
+    x = x.reshape(*batch, D)
+    if not return_info:
+        return x
+    flags = flags.reshape(batch).to(torch.int64)
+    status = torch.full(batch, int(Status.MAX_ITERS_REACHED if use_tol else Status.COMPLETED), device=x.device)
+    status = torch.where(flags == 1, torch.full_like(status, Status.CONVERGED), status)
+    status = torch.where(flags == 2, torch.full_like(status, Status.BREAKDOWN), status)
+    return x, launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), status=status)

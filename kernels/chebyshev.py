@@ -1,0 +1,108 @@
+"""Chebyshev iteration (GKA Algorithm 1) as a Triton kernel, one program per system.
+
+Same recurrence as ``solvers.chebyshev`` (whose docstring states it and its bound):
+
+    omega_i = 4 / (4 - rho^2 omega_{i-1})
+    xi_i = xi_{i-1} - 2 omega_i / (L + mu) (H xi_{i-1} - q) + (omega_i - 1)(xi_{i-1} - xi_{i-2})
+
+with per-system L and mu. The program loads its matrix once and keeps it on chip for all r
+iterations; xi_{i-1}, xi_{i-2}, q and the products are float32 whatever the input dtype, so
+a bfloat16 input is solved with float32 arithmetic on its bf16 values (compare against
+``solvers.chebyshev`` on the float32 copies of the same inputs, see tests/test_kernels_chebyshev.py).
+The result is rounded once to ``out_dtype`` (default: H's dtype, as the reference returns).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from solvers import _validate as check
+
+from . import _launch as launch
+from ._matvec import load_matrix, load_vector, matvec, store_vector
+
+
+@triton.jit
+def chebyshev_kernel(
+    p_H, p_q, p_step, p_rho2, p_x, p_xs, stride_xs, iters,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr, STORE_ALL: tl.constexpr,
+):
+    """One system: r Chebyshev steps from xi_{-1} = 0, xi_0 = step q (step = 2/(L+mu))."""
+    i_n = tl.program_id(0).to(tl.int64)
+    b_H = load_matrix(p_H, i_n, D, BLOCK_D, MODE)
+    b_q = load_vector(p_q, i_n, D, BLOCK_D)
+    b_step = tl.load(p_step + i_n)
+    b_rho2 = tl.load(p_rho2 + i_n)
+    b_w = 2.0
+    b_xp = tl.zeros([BLOCK_D], dtype=tl.float32)
+    b_x = b_step * b_q
+    if STORE_ALL:
+        store_vector(p_xs, i_n, b_x, D, BLOCK_D)
+    for i in range(iters):
+        b_w = 4.0 / (4.0 - b_rho2 * b_w)
+        b_g = matvec(b_H, b_x, MODE, BLOCK_D) - b_q
+        b_xn = b_x - (b_w * b_step) * b_g + (b_w - 1.0) * (b_x - b_xp)
+        b_xp = b_x
+        b_x = b_xn
+        if STORE_ALL:
+            store_vector(p_xs + (i + 1) * stride_xs, i_n, b_x, D, BLOCK_D)
+    store_vector(p_x, i_n, b_x, D, BLOCK_D)
+
+
+def constants(L: torch.Tensor, mu: torch.Tensor):
+    """``2/(L+mu)`` and ``rho^2`` from float64 L, mu, each rounded once to float32."""
+    return launch.fp32(2.0 / (L + mu)), launch.fp32(((L - mu) / (L + mu)) ** 2)
+
+
+def run(H2, q2, step, rho2, iters, *, mode, out_dtype, store_all=False, warps=None):
+    """Launch on flattened ``(N, D, D)``, ``(N, D)`` inputs; returns x ``(N, D)`` (and the
+    iterates ``(iters + 1, N, D)`` when ``store_all``)."""
+    N, D = q2.shape
+    x = launch.empty_out((N, D), out_dtype, q2.device)
+    xs = launch.empty_out((iters + 1, N, D) if store_all else (1, 1, 1), out_dtype, q2.device)
+    if N == 0 or D == 0:
+        return (x, xs) if store_all else x
+    BD = launch.block(D)
+    for s, n in launch.launches(N):
+        chebyshev_kernel[(n,)](
+            H2[s:], q2[s:], step[s:], rho2[s:], x[s:], xs[:, s:] if store_all else xs, N * D, iters,
+            D=D, BLOCK_D=BD, MODE=mode, STORE_ALL=store_all, num_warps=warps or launch.num_warps(D),
+        )
+    return (x, xs) if store_all else x
+
+
+def chebyshev(
+    H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool = False,
+    input_precision: str = "ieee", out_dtype=None, tensor_cores=None,
+):
+    """r iterations of Chebyshev iteration (GKA Algorithm 1) on ``H xi = q``, batched.
+
+    Accepts what ``solvers.chebyshev`` accepts and returns the same (xi_r in H's dtype, or
+    ``(xi_r, SolveInfo)``), with these differences: H, q float32 or bfloat16 with D <= 128 on
+    a CUDA device (CPU under TRITON_INTERPRET=1); iterates float32 throughout, so
+    ``bf16_mode="strict"`` is refused. ``return_info`` costs a store of every iterate.
+
+    Extra options: ``input_precision`` "ieee" (default, fp32-accurate products) or "tf32"
+    (float32 inputs only: products on tensor cores with tf32 operands); ``out_dtype``
+    (float32 keeps the result unrounded); ``tensor_cores`` for bfloat16: None (default),
+    True or False choose between two products of the same accuracy (kernels._matvec).
+    """
+    iters = check.count("iters", iters)
+    launch.bf16_mode(bf16_mode)
+    precision = launch.input_precision(input_precision)
+    H2, q2, batch, Lt, mt = launch.bounded_systems(H, q, L, mu)
+    mode = launch.matvec_mode(H2.dtype, precision, tensor_cores)
+    odt = launch.out_dtype(out_dtype, H2.dtype)
+    step, rho2 = constants(Lt, mt)
+    D = q2.shape[-1]
+    if not return_info:
+        return run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt).reshape(*batch, D)
+    x, xs = run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt, store_all=True)
+    omegas = [torch.full_like(rho2, 2.0)]
+    for _ in range(iters):
+        omegas.append(4.0 / (4.0 - rho2 * omegas[-1]))
+    x = x.reshape(*batch, D)
+    extras = {"omegas": torch.stack(omegas, dim=-1).reshape(*batch, iters + 1)}
+    return x, launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), extras=extras)
