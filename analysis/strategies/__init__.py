@@ -1,0 +1,19 @@
+"""Hypothesis strategies and deterministic builders for test problems.
+
+One module per problem family; this file only re-exports (add a line for yours).
+"""
+
+from .spd import (
+    SPECTRUM_KINDS,
+    RidgeCase,
+    SPDSystem,
+    haar_orthogonal,
+    ridge_system,
+    ridge_systems,
+    spd_matrices,
+    spd_matrix,
+    spd_system,
+    spd_systems,
+    spectra,
+    spectrum,
+)
