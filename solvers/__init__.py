@@ -11,6 +11,17 @@ from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
 from .chebyshev_backward import ChebyshevSolve, algorithm2_as_printed, chebyshev_backward, chebyshev_solve
 from .gradient import agd, gd
+from .kaczmarz import kaczmarz
+from .kla import (
+    forward_substitution,
+    kaczmarz_coefficient,
+    kla_chunk_outputs,
+    kla_chunk_system,
+    kla_chunkwise,
+    kla_recurrent,
+    wy_matrices,
+    wy_representation,
+)
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
@@ -29,6 +40,15 @@ __all__ = [
     "chebyshev_weights",
     "fig1a_problems",
     "gd",
+    "forward_substitution",
     "gka_ridge",
+    "kaczmarz",
+    "kaczmarz_coefficient",
+    "kla_chunk_outputs",
+    "kla_chunk_system",
+    "kla_chunkwise",
+    "kla_recurrent",
     "unit_roundoff",
+    "wy_matrices",
+    "wy_representation",
 ]
