@@ -101,8 +101,11 @@ def chebyshev_backward(
     return dq, dH, _info(sys, method, dq, dH, trace)
 
 
-def algorithm2_as_printed(H, q, grad_x, *, L, mu, iters: int, bf16_mode: str = "storage"):
-    """GKA Algorithm 2 exactly as printed (appendix, eqs. (50)-(54)), for the errata checks.
+PRINTED_CORRECTIONS = ("q_sign", "c0")
+
+
+def algorithm2_as_printed(H, q, grad_x, *, L, mu, iters: int, bf16_mode: str = "storage", corrections=()):
+    """GKA Algorithm 2 as printed (appendix, eqs. (50)-(54)), optionally with named corrections.
 
     Printed: Initialize nu_r <- omega_r, nu_{r+1} <- 0, nu_0 <- 1, d xi_{r+1} <- 0,
     dq <- 2 nu_r/(L+mu) d xi_r, dH <- -2 nu_r/(L+mu) d xi_r xi_{r-1}^T; for i = r..1:
@@ -110,10 +113,18 @@ def algorithm2_as_printed(H, q, grad_x, *, L, mu, iters: int, bf16_mode: str = "
     (51) d xi_{i-1} <- nu_i d xi_i - 2 nu_i/(L+mu) H d xi_i - (nu_{i+1} - 1) d xi_{i+1},
     (52) nu_{i-1} <- 4/rho^2 (1 - 1/nu_i),  (53) dq += 2 nu_{i-1}/(L+mu) d xi_{i-1},
     (54) dH -= 2 nu_{i-1}/(L+mu) d xi_{i-1} xi_{i-2}^T.
-    It does not compute the gradient of Algorithm 1: see docs/errata.md ("GKA") and
-    :func:`chebyshev_backward` with ``method="reverse"`` for the corrected form.
+
+    As printed it is not the gradient of Algorithm 1 (docs/errata.md, "GKA"). ``corrections``
+    is a subset of :data:`PRINTED_CORRECTIONS`, so that each erratum can be shown on its own:
+    ``"q_sign"``: (50) subtracts 2 nu_i/(L+mu) q (the inverse of (44)); ``"c0"``: the weight of
+    d xi_0 in dq (and in (54)) is c_0 = 2/(L+mu), not 2 nu_0/(L+mu) with nu_0 = omega_0 = 2 from
+    (52) (at r = 0 the printed nu_r <- omega_r = 2 overrides nu_0 <- 1 the same way). With both
+    it agrees with ``chebyshev_backward(..., method="reverse")`` up to rounding.
     """
     iters = check.count("iters", iters)
+    corrections = tuple(corrections)
+    for name in corrections:
+        _check_method("corrections", name, PRINTED_CORRECTIONS)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
     g = _cotangent(grad_x, sys)
     _check_reversible(sys, iters)
@@ -121,21 +132,27 @@ def algorithm2_as_printed(H, q, grad_x, *, L, mu, iters: int, bf16_mode: str = "
     state = _forward_state(sys, iters, keep_omegas=False)
     step = sys.param(2.0 / (sys.L + sys.mu))
     four_over_rho2 = _four_over_rho2(sys)
+    q_sign = -1.0 if "q_sign" in corrections else 1.0
+
+    def weight(nu, i):  # 2 nu_i / (L + mu), the c_i of (45); c_0 on its own with "c0"
+        return step if (i == 0 and "c0" in corrections) else nu.unsqueeze(-1) * step
+
     q_c = ar.up(sys.q)
     nu = state.omegas[-1]
     nu_next = torch.zeros_like(nu)
     xi, xi_prev = state.xi, state.xi_prev
     lam, lam_next = g, torch.zeros_like(g)
-    c = nu.unsqueeze(-1) * step
+    c = weight(nu, iters)
     dq = c * ar.up(lam)
     dH = -_outer(c, ar.up(lam), ar.up(xi_prev))
     for i in range(iters, 0, -1):
         w = nu.unsqueeze(-1)
         c = w * step
-        xi_prev2 = ar.store(-(ar.up(xi) - (w * ar.up(xi_prev) - c * ar.matvec(Hs, xi_prev)) + c * q_c) / (w - 1.0))
+        inner = ar.up(xi) - (w * ar.up(xi_prev) - c * ar.matvec(Hs, xi_prev)) + q_sign * c * q_c
+        xi_prev2 = ar.store(-inner / (w - 1.0))
         lam_prev = ar.store(w * ar.up(lam) - c * ar.matvec(Hs, lam) - (nu_next.unsqueeze(-1) - 1.0) * ar.up(lam_next))
         nu_prev = four_over_rho2 * (1.0 - 1.0 / nu)
-        c_prev = nu_prev.unsqueeze(-1) * step
+        c_prev = weight(nu_prev, i - 1)
         dq = dq + c_prev * ar.up(lam_prev)
         dH = dH - _outer(c_prev, ar.up(lam_prev), ar.up(xi_prev2))
         xi, xi_prev = xi_prev, xi_prev2
