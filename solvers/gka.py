@@ -1,0 +1,305 @@
+"""The Gated KalmaNet layer, per token: test-time ridge regression (GKA Sec. 4.1, eq. (CH)).
+
+For t = 1..T, from H_0 = 0, U_0 = 0 (GKA eq. (CH); with the input gate beta_t of appendix
+eq. (55)):
+
+    H_t = gamma_t H_{t-1} + beta_t k_t k_t^T,     U_t = gamma_t U_{t-1} + beta_t v_t k_t^T
+    lambda_t = a ||H_t||_F                                                       (Sec. 4.1, eq. (4))
+    x_t = solve(H_t + lambda_t I, q_t),           y_t = U_t x_t
+
+``solve`` is an exact (Cholesky) solve, r iterations of Chebyshev (GKA Algorithm 1 with
+``L = ||H_t||_F + lambda_t``, ``mu = lambda_t``, so that ``kappa_t <= (a + 1)/a``) or r
+iterations of CG. ``gamma_t = exp(g_t)``: the decay gate enters in log space (``g_t <= 0``),
+as in appendix D.2; ``g=None`` is the "no weighting" ablation (appendix J.2, gamma = 1) and
+``beta=None`` drops the input gate (beta = 1).
+
+Layout: ``q, k (..., T, D)``, ``v (..., T, Dv)``, ``g, beta (..., T)``; leading dimensions
+broadcast. flash-linear-attention's ``(B, T, H, D)`` is ``x.transpose(1, 2)`` of this.
+
+Precision (``solvers._arith``): the states H_t, U_t, the system matrix ``H_t + lambda_t I``,
+the solution x_t and the output y_t are stored values; ``||H_t||_F`` and lambda_t stay in the
+compute dtype (a kernel keeps them as fp32 scalars).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import _validate as check
+from ._arith import Arith
+from ._info import Status, residual_norm64
+from .cg import cg
+from .chebyshev import chebyshev
+from .ridge import _ridge_strength
+
+SOLVERS = ("exact", "chebyshev", "cg")
+
+
+@dataclass
+class GKAInfo:
+    """What the layer computed besides y (``return_info=True``).
+
+    x: ``(..., T, D)`` stored solutions; fro, lam: ``(..., T)`` float64 copies of the
+    computed ``||H_t||_F`` and ``lambda_t``; residual_norms: ``(..., T)`` float64
+    ``||q_t - (H_t + lambda_t I) x_t||`` with the stored system matrix; system_status:
+    ``(..., T)`` :class:`Status` codes (BREAKDOWN: a Cholesky pivot <= 0; NONFINITE).
+    """
+
+    x: torch.Tensor
+    fro: torch.Tensor
+    lam: torch.Tensor
+    residual_norms: torch.Tensor
+    system_status: torch.Tensor
+    precision: str
+    solver: str
+    iters: Optional[int]
+
+    @property
+    def status(self) -> Status:
+        if self.system_status.numel() == 0:
+            return Status.COMPLETED
+        return Status(int(self.system_status.max()))
+
+
+@dataclass
+class _Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: Optional[torch.Tensor]
+    beta: Optional[torch.Tensor]
+    a: float
+    batch: torch.Size
+
+
+def validate_gates(g, beta, ref_name: str, ref: torch.Tensor):
+    """``g`` (log decays <= 0) and ``beta`` (>= 0), each ``(..., T)`` or None, for the
+    ``(..., T, D)`` tensor ``ref``. Returns ``(g, beta, [their batch shapes])``."""
+    T = ref.shape[-2]
+    out, shapes = [], []
+    for name, x in (("g", g), ("beta", beta)):
+        if x is not None:
+            x = check.tensor(name, x, min_ndim=1)
+            check.same_kind(name, x, ref_name, ref)
+            if x.shape[-1] != T:
+                raise ValueError(f"{name} has {x.shape[-1]} tokens but {ref_name} has {T} (layout (..., T))")
+            shapes.append(x.shape[:-1])
+        out.append(x)
+    g, beta = out
+    if g is not None and g.numel() and bool((g > 0).any()):
+        raise ValueError(f"g = log gamma must be <= 0 (gamma in [0, 1]), got max {float(g.max())}")
+    if beta is not None and beta.numel() and bool((beta < 0).any()):
+        raise ValueError(f"beta must be >= 0, got min {float(beta.min())}")
+    return g, beta, shapes
+
+
+def validate_keys(name: str, k) -> torch.Tensor:
+    k = check.tensor(name, k, min_ndim=2)
+    if k.shape[-1] == 0:
+        raise ValueError(f"{name} must have key dimension D >= 1, got 0")
+    return k
+
+
+def validate_inputs(q, k, v, g, beta, a) -> _Inputs:
+    """Check and broadcast the layer's inputs (shared by the layer and its gradients).
+    Raises TypeError/ValueError naming the argument."""
+    a = _ridge_strength(a)
+    q = validate_keys("q", q)
+    k = validate_keys("k", k)
+    v = check.tensor("v", v, min_ndim=2)
+    check.same_kind("k", k, "q", q)
+    check.same_kind("v", v, "q", q)
+    T, D = q.shape[-2], q.shape[-1]
+    if k.shape[-1] != D:
+        raise ValueError(f"k has key dimension {k.shape[-1]} but q has {D}")
+    for name, x in (("k", k), ("v", v)):
+        if x.shape[-2] != T:
+            raise ValueError(f"{name} has {x.shape[-2]} tokens but q has {T} (layout (..., T, D))")
+    g, beta, gate_shapes = validate_gates(g, beta, "q", q)
+    batch = check.batch_shape("q, k, v, g and beta", q.shape[:-2], k.shape[:-2], v.shape[:-2], *gate_shapes)
+    return _Inputs(q, k, v, g, beta, a, batch)
+
+
+def rank1_update(ar: Arith, S: torch.Tensor, gamma, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``store(gamma * S + left right^T)``; ``gamma=None`` means 1 (no multiply, no rounding)."""
+    prev = ar.up(S)
+    if gamma is not None:
+        prev = gamma[..., None, None] * prev
+    return ar.store(prev + left.unsqueeze(-1) * right.unsqueeze(-2))
+
+
+def cholesky_solve(ar: Arith, A: torch.Tensor, b: torch.Tensor):
+    """Solve SPD ``A x = b`` by Cholesky in ``ar``'s arithmetic (the layer's exact solve).
+
+    Column-oriented: column j of L is ``(A[:, j] - L[:, :j] L[j, :j]) / L_jj``, then forward
+    and back substitution; every entry of L, of the intermediate z and of x is a stored value,
+    dot products use ``ar.matvec``/``ar.dot`` (sequential bf16 sums in strict mode).
+    Returns ``(x, broke)``: ``broke`` marks systems with a pivot <= 0, whose x is NaN.
+    """
+    D = A.shape[-1]
+    Ac = ar.up(A)
+    rows = torch.arange(D, device=A.device)
+    cols, broke = [], torch.zeros(A.shape[:-2], dtype=torch.bool, device=A.device)
+    for j in range(D):
+        r = Ac[..., :, j]
+        if j:
+            Lm = torch.stack(cols, dim=-1)
+            r = r - ar.matvec(Lm, Lm[..., j, :])
+        pivot = r[..., j]
+        broke = broke | ~(pivot > 0)
+        ljj = ar.store(torch.sqrt(torch.where(pivot > 0, pivot, torch.ones_like(pivot))))
+        col = ar.store(r / ar.up(ljj).unsqueeze(-1))
+        col = torch.where(rows > j, col, torch.zeros_like(col))
+        cols.append(torch.where(rows == j, ljj.unsqueeze(-1), col))
+    L = torch.stack(cols, dim=-1)
+    bc = ar.up(b)
+    z = []
+    for i in range(D):
+        s = bc[..., i] - ar.dot(L[..., i, :i], torch.stack(z, -1)) if i else bc[..., i]
+        z.append(ar.store(s / ar.up(L[..., i, i])))
+    x = [None] * D
+    for i in reversed(range(D)):
+        s = ar.up(z[i])
+        if i < D - 1:
+            s = s - ar.dot(L[..., i + 1 :, i], torch.stack(x[i + 1 :], -1))
+        x[i] = ar.store(s / ar.up(L[..., i, i]))
+    x = torch.stack(x, dim=-1)
+    return torch.where(broke.unsqueeze(-1), torch.full_like(x, float("nan")), x), broke
+
+
+@dataclass
+class _Trace:
+    y: torch.Tensor
+    x: torch.Tensor
+    fro: torch.Tensor
+    lam: torch.Tensor
+    residual: torch.Tensor
+    status: torch.Tensor
+    H: Optional[torch.Tensor]
+    U: Optional[torch.Tensor]
+
+
+def run_layer(inp: _Inputs, ar: Arith, solver: str, iters: Optional[int], keep_states: bool = False) -> _Trace:
+    """The per-token recurrence on validated inputs (shared with ``solvers.gka_grad``)."""
+    B, T, D = inp.batch, inp.q.shape[-2], inp.q.shape[-1]
+    Dv = inp.v.shape[-1]
+    q = inp.q.expand(*B, T, D)
+    k = inp.k.expand(*B, T, D)
+    v = inp.v.expand(*B, T, Dv)
+    gamma = None if inp.g is None else torch.exp(ar.up(inp.g.expand(*B, T)))
+    beta = None if inp.beta is None else ar.up(inp.beta.expand(*B, T))
+    H = torch.zeros(*B, D, D, dtype=ar.dtype, device=q.device)
+    U = torch.zeros(*B, Dv, D, dtype=ar.dtype, device=q.device)
+    eye = torch.eye(D, dtype=ar.compute, device=q.device)
+    a = ar.scalar(inp.a)
+    ys, xs, fros, lams, res, stats, Hs, Us = [], [], [], [], [], [], [], []
+    for t in range(T):
+        kt = ar.up(k[..., t, :])
+        g_t = None if gamma is None else gamma[..., t]
+        bk = kt if beta is None else beta[..., t, None] * kt
+        bv = ar.up(v[..., t, :]) if beta is None else beta[..., t, None] * ar.up(v[..., t, :])
+        H = rank1_update(ar, H, g_t, bk, kt)
+        U = rank1_update(ar, U, g_t, bv, kt)
+        fro = ar.norm(H.flatten(-2))
+        if fro.numel() and not bool((fro > 0).all()):
+            raise ValueError(
+                f"H_t = 0 at token t = {t + 1} (keys k / input gate beta vanish with no earlier state): "
+                "lambda_t = a ||H_t||_F = 0 and H_t + lambda_t I is singular"
+            )
+        lam = a * fro
+        A = ar.store(ar.up(H) + lam[..., None, None] * eye)
+        broke = torch.zeros(B, dtype=torch.bool, device=q.device)
+        if solver == "exact":
+            x, broke = cholesky_solve(ar, A, q[..., t, :])
+        elif solver == "chebyshev":
+            x = chebyshev(A, q[..., t, :], L=(fro + lam).to(torch.float64), mu=lam.to(torch.float64),
+                          iters=iters, bf16_mode=ar.mode)
+        else:
+            x = cg(A, q[..., t, :], iters=iters, bf16_mode=ar.mode)
+        status = torch.full(B, int(Status.COMPLETED), device=q.device)
+        status = torch.where(~torch.isfinite(x).all(-1), torch.full_like(status, Status.NONFINITE), status)
+        status = torch.where(broke, torch.full_like(status, Status.BREAKDOWN), status)
+        ys.append(ar.store(ar.matvec(U, x)))
+        xs.append(x)
+        fros.append(fro)
+        lams.append(lam)
+        res.append(residual_norm64(A, q[..., t, :], x))
+        stats.append(status)
+        if keep_states:
+            Hs.append(H)
+            Us.append(U)
+
+    def stack(items, shape, dtype, dim):
+        return torch.stack(items, dim) if items else torch.zeros(shape, dtype=dtype, device=q.device)
+
+    return _Trace(
+        y=stack(ys, (*B, 0, Dv), ar.dtype, -2),
+        x=stack(xs, (*B, 0, D), ar.dtype, -2),
+        fro=stack(fros, (*B, 0), ar.compute, -1),
+        lam=stack(lams, (*B, 0), ar.compute, -1),
+        residual=stack(res, (*B, 0), torch.float64, -1),
+        status=stack(stats, (*B, 0), torch.int64, -1),
+        H=stack(Hs, (*B, 0, D, D), ar.dtype, -3) if keep_states else None,
+        U=stack(Us, (*B, 0, Dv, D), ar.dtype, -3) if keep_states else None,
+    )
+
+
+def gka_layer(
+    q,
+    k,
+    v,
+    *,
+    a: float,
+    g=None,
+    beta=None,
+    solver: str = "exact",
+    iters: Optional[int] = None,
+    bf16_mode: str = "storage",
+    return_info: bool = False,
+):
+    """GKA layer output ``y_t = U_t x_t``, token by token (GKA eq. (CH), appendix eq. (55)).
+
+    Args:
+        q, k: ``(..., T, D)`` queries and keys; v: ``(..., T, Dv)`` values; one dtype
+            (float64 / float32 / bfloat16) and device; leading dimensions broadcast.
+        a: ridge strength, ``lambda_t = a ||H_t||_F`` (finite float > 0).
+        g: ``(..., T)`` log decay gates ``g_t = log gamma_t <= 0``, or None (gamma = 1).
+        beta: ``(..., T)`` input gates ``beta_t >= 0`` (appendix eq. (55)), or None (beta = 1).
+        solver: ``"exact"`` (Cholesky), ``"chebyshev"`` (GKA Algorithm 1) or ``"cg"``.
+        iters: iterations r for chebyshev / cg (required there, must be None for exact).
+        bf16_mode: ``"storage"`` or ``"strict"`` (``solvers._arith``).
+        return_info: also return a :class:`GKAInfo`.
+
+    Returns:
+        y ``(..., T, Dv)`` in the inputs' dtype, or ``(y, info)``. Raises ValueError if some
+        ``H_t = 0`` (then lambda_t = 0 and the system is singular).
+    """
+    inp = validate_inputs(q, k, v, g, beta, a)
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if solver == "exact":
+        if iters is not None:
+            raise ValueError("iters is only for solver='chebyshev' or 'cg'; the exact solve takes none")
+    elif iters is None:
+        raise TypeError(f"solver={solver!r} needs iters (the number of iterations r)")
+    else:
+        iters = check.count("iters", iters)
+    check.bf16_mode(bf16_mode)
+    ar = Arith(inp.q.dtype, bf16_mode)
+    tr = run_layer(inp, ar, solver, iters)
+    if not return_info:
+        return tr.y
+    info = GKAInfo(
+        x=tr.x,
+        fro=tr.fro.to(torch.float64),
+        lam=tr.lam.to(torch.float64),
+        residual_norms=tr.residual,
+        system_status=tr.status,
+        precision=ar.label,
+        solver=solver,
+        iters=iters,
+    )
+    return tr.y, info
