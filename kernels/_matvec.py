@@ -65,6 +65,24 @@ def matvec(b_H, b_x, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def rmatvec(b_H, b_x, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``H^T @ x`` as a float32 [BLOCK_D] vector: the adjoint's product, as ``matvec``."""
+    if MODE == DOT3:
+        b_X = tl.trans(split_columns(b_x, BLOCK_D))
+        if INTERPRETED:
+            b_y = tl.sum(tl.dot(b_X.to(tl.float32), b_H.to(tl.float32), input_precision="ieee"), axis=0)
+        else:
+            b_y = tl.sum(tl.dot(b_X, b_H, out_dtype=tl.float32), axis=0)
+    elif MODE == DOT_TF32:
+        o_c = tl.arange(0, DOT_N)[:, None]
+        b_X = tl.where(o_c == 0, b_x[None, :], 0.0)
+        b_y = tl.sum(tl.dot(b_X, b_H, input_precision="tf32", out_dtype=tl.float32), axis=0)
+    else:
+        b_y = tl.sum(b_H * b_x[:, None], axis=0)
+    return b_y
+
+
+@triton.jit
 def load_matrix(p_H, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr):
     """System i_n's matrix as a zero-padded register block in the layout MODE multiplies with."""
     o_d = tl.arange(0, BLOCK_D)
@@ -87,3 +105,11 @@ def load_vector(p_x, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
 def store_vector(p_x, i_n, b_x, D: tl.constexpr, BLOCK_D: tl.constexpr):
     o_d = tl.arange(0, BLOCK_D)
     tl.store(p_x + i_n * D + o_d, b_x.to(p_x.dtype.element_ty), mask=o_d < D)
+
+
+@triton.jit
+def store_matrix(p_M, i_n, b_M, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    o_d = tl.arange(0, BLOCK_D)
+    m_d = o_d < D
+    p_b = p_M + i_n * (D * D) + o_d[:, None] * D + o_d[None, :]
+    tl.store(p_b, b_M.to(p_M.dtype.element_ty), mask=m_d[:, None] & m_d[None, :])

@@ -25,16 +25,12 @@ from ._matvec import load_matrix, load_vector, matvec, store_vector
 
 
 @triton.jit
-def chebyshev_kernel(
-    p_H, p_q, p_step, p_rho2, p_x, p_xs, stride_xs, iters,
+def chebyshev_steps(
+    b_H, b_q, b_step, b_rho2, iters, p_xs, stride_xs, i_n,
     D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr, STORE_ALL: tl.constexpr,
 ):
-    """One system: r Chebyshev steps from xi_{-1} = 0, xi_0 = step q (step = 2/(L+mu))."""
-    i_n = tl.program_id(0).to(tl.int64)
-    b_H = load_matrix(p_H, i_n, D, BLOCK_D, MODE)
-    b_q = load_vector(p_q, i_n, D, BLOCK_D)
-    b_step = tl.load(p_step + i_n)
-    b_rho2 = tl.load(p_rho2 + i_n)
+    """r Chebyshev steps from xi_{-1} = 0, xi_0 = step q (step = 2/(L+mu)); returns
+    (xi_r, xi_{r-1}) in float32. With STORE_ALL, xi_0..xi_r go to p_xs, stride_xs apart."""
     b_w = 2.0
     b_xp = tl.zeros([BLOCK_D], dtype=tl.float32)
     b_x = b_step * b_q
@@ -48,7 +44,26 @@ def chebyshev_kernel(
         b_x = b_xn
         if STORE_ALL:
             store_vector(p_xs + (i + 1) * stride_xs, i_n, b_x, D, BLOCK_D)
+    return b_x, b_xp
+
+
+@triton.jit
+def chebyshev_kernel(
+    p_H, p_q, p_step, p_rho2, p_x, p_xprev, p_xs, stride_xs, iters,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr, STORE_PREV: tl.constexpr,
+    STORE_ALL: tl.constexpr,
+):
+    """One program per system: load H once, iterate, store xi_r (and xi_{r-1}, or all)."""
+    i_n = tl.program_id(0).to(tl.int64)
+    b_H = load_matrix(p_H, i_n, D, BLOCK_D, MODE)
+    b_q = load_vector(p_q, i_n, D, BLOCK_D)
+    b_x, b_xp = chebyshev_steps(
+        b_H, b_q, tl.load(p_step + i_n), tl.load(p_rho2 + i_n), iters, p_xs, stride_xs, i_n,
+        D, BLOCK_D, MODE, STORE_ALL,
+    )
     store_vector(p_x, i_n, b_x, D, BLOCK_D)
+    if STORE_PREV:
+        store_vector(p_xprev, i_n, b_xp, D, BLOCK_D)
 
 
 def constants(L: torch.Tensor, mu: torch.Tensor):
@@ -56,21 +71,24 @@ def constants(L: torch.Tensor, mu: torch.Tensor):
     return launch.fp32(2.0 / (L + mu)), launch.fp32(((L - mu) / (L + mu)) ** 2)
 
 
-def run(H2, q2, step, rho2, iters, *, mode, out_dtype, store_all=False, warps=None):
-    """Launch on flattened ``(N, D, D)``, ``(N, D)`` inputs; returns x ``(N, D)`` (and the
-    iterates ``(iters + 1, N, D)`` when ``store_all``)."""
+def run(H2, q2, step, rho2, iters, *, mode, out_dtype, store_prev=False, store_all=False, warps=None):
+    """Launch on flattened ``(N, D, D)``, ``(N, D)`` inputs. Returns ``(x, xprev, xs)``: x
+    ``(N, D)``; xi_{r-1} ``(N, D)`` in float32 when ``store_prev``, else None; the iterates
+    ``(iters + 1, N, D)`` when ``store_all``, else None."""
     N, D = q2.shape
-    x = launch.empty_out((N, D), out_dtype, q2.device)
-    xs = launch.empty_out((iters + 1, N, D) if store_all else (1, 1, 1), out_dtype, q2.device)
-    if N == 0 or D == 0:
-        return (x, xs) if store_all else x
-    BD = launch.block(D)
-    for s, n in launch.launches(N):
-        chebyshev_kernel[(n,)](
-            H2[s:], q2[s:], step[s:], rho2[s:], x[s:], xs[:, s:] if store_all else xs, N * D, iters,
-            D=D, BLOCK_D=BD, MODE=mode, STORE_ALL=store_all, num_warps=warps or launch.num_warps(D),
-        )
-    return (x, xs) if store_all else x
+    dev = q2.device
+    x = launch.empty_out((N, D), out_dtype, dev)
+    xprev = launch.empty_out((N, D) if store_prev else (1,), torch.float32, dev)
+    xs = launch.empty_out((iters + 1, N, D) if store_all else (1, 1, 1), out_dtype, dev)
+    if N and D:
+        for s, n in launch.launches(N):
+            chebyshev_kernel[(n,)](
+                H2[s:], q2[s:], step[s:], rho2[s:], x[s:], xprev[s:] if store_prev else xprev,
+                xs[:, s:] if store_all else xs, N * D, iters,
+                D=D, BLOCK_D=launch.block(D), MODE=mode, STORE_PREV=store_prev, STORE_ALL=store_all,
+                num_warps=warps or launch.num_warps(D),
+            )
+    return x, (xprev if store_prev else None), (xs if store_all else None)
 
 
 def chebyshev(
@@ -98,8 +116,8 @@ def chebyshev(
     step, rho2 = constants(Lt, mt)
     D = q2.shape[-1]
     if not return_info:
-        return run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt).reshape(*batch, D)
-    x, xs = run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt, store_all=True)
+        return run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt)[0].reshape(*batch, D)
+    x, _, xs = run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt, store_all=True)
     omegas = [torch.full_like(rho2, 2.0)]
     for _ in range(iters):
         omegas.append(4.0 / (4.0 - rho2 * omegas[-1]))
