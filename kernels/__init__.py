@@ -6,7 +6,8 @@ accumulates in float32 and takes float32 or bfloat16 inputs with D <= 128 (docs/
 
 from .cg import cg
 from .chebyshev import chebyshev
+from .chebyshev_adaptive import chebyshev_adaptive
 from .chebyshev_backward import chebyshev_backward, chebyshev_solve
 from .gradient import agd, gd
 
-__all__ = ["agd", "cg", "chebyshev", "chebyshev_backward", "chebyshev_solve", "gd"]
+__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "gd"]

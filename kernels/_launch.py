@@ -79,19 +79,50 @@ def block(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
+def tensor(name: str, x, *, min_ndim: int = 0) -> torch.Tensor:
+    """A float32 / bfloat16 tensor on a device kernels run on, with ``ndim >= min_ndim``.
+
+    Unlike ``solvers._validate.tensor`` this does not read every entry for finiteness before
+    the launch (a second pass over the matrices would cost as much as the kernel's own);
+    :func:`finite_result` checks the (small) result instead and names a non-finite input.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor (float32 or bfloat16), got {x.dtype}")
+    kernel_dtype(name, x)
+    device_ok(name, x)
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
 def systems(H, q, *, H_name: str = "H", q_name: str = "q"):
     """Validate a batch of systems ``H (..., D, D)``, ``q (..., D)`` for a kernel.
 
     Returns ``(H, q, batch)`` with H, q contiguous ``(N, D, D)`` / ``(N, D)`` views or copies.
     """
-    H = check.square_matrix(H_name, H)
-    kernel_dtype(H_name, H)
-    device_ok(H_name, H)
-    q = check.rhs(q_name, q, H_name, H)
+    H = tensor(H_name, H, min_ndim=2)
+    if H.shape[-1] != H.shape[-2]:
+        raise ValueError(f"{H_name} must be square in its last two dimensions, got shape {tuple(H.shape)}")
+    q = tensor(q_name, q, min_ndim=1)
+    check.same_kind(q_name, q, H_name, H)
+    if q.shape[-1] != H.shape[-1]:
+        raise ValueError(f"{q_name} has last dimension {q.shape[-1]} but {H_name} is {H.shape[-2]}x{H.shape[-1]}")
     batch = check.batch_shape(f"{H_name} and {q_name}", H.shape[:-2], q.shape[:-1])
     D = H.shape[-1]
     dimension(H_name, D)
     return flat(H.expand(*batch, D, D), 2), flat(q.expand(*batch, D), 1), batch
+
+
+def finite_result(result: torch.Tensor, **inputs) -> None:
+    """Never a silent NaN from a NaN input: if the result is not finite, name the input that
+    was not (the references reject it up front). A result that overflowed from finite
+    inputs is returned as the references return it (``return_info`` reports NONFINITE)."""
+    if result.numel() == 0 or bool(torch.isfinite(result).all()):
+        return
+    for name, x in inputs.items():
+        check.finite(name, x)
 
 
 def flat(x: torch.Tensor, core: int) -> torch.Tensor:

@@ -109,6 +109,7 @@ def cg(H, q, *, iters: int, rtol=None, atol: float = 0.0, bf16_mode: str = "stor
                 D=D, BLOCK_D=launch.block(D), MODE=mode, USE_TOL=use_tol, STORE_ALL=return_info, U=U_FP32,
                 num_warps=launch.num_warps(D),
             )
+    launch.finite_result(x, H=H, q=q)
     x = x.reshape(*batch, D)
     if not return_info:
         return x

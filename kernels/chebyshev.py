@@ -115,9 +115,10 @@ def chebyshev(
     odt = launch.out_dtype(out_dtype, H2.dtype)
     step, rho2 = constants(Lt, mt)
     D = q2.shape[-1]
+    x, _, xs = run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt, store_all=return_info)
+    launch.finite_result(x, H=H, q=q)
     if not return_info:
-        return run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt)[0].reshape(*batch, D)
-    x, _, xs = run(H2, q2, step, rho2, iters, mode=mode, out_dtype=odt, store_all=True)
+        return x.reshape(*batch, D)
     omegas = [torch.full_like(rho2, 2.0)]
     for _ in range(iters):
         omegas.append(4.0 / (4.0 - rho2 * omegas[-1]))

@@ -215,11 +215,12 @@ def chebyshev_backward(
     step, rho2 = constants(Lt, mt)
     dq2, dH2 = _launch_backward(method, H2, q2, g2, step, rho2, Lt, mt, iters, mode,
                                 torch.float32 if reduce else odt)
+    launch.finite_result(dq2, H=H, q=q, grad_x=grad_x)
     return _grads(dq2, dH2, batch, q.shape, H.shape, odt)
 
 
 def _cotangent(grad_x, H2, batch) -> torch.Tensor:
-    g = check.tensor("grad_x", grad_x, min_ndim=1)
+    g = launch.tensor("grad_x", grad_x, min_ndim=1)
     check.same_kind("grad_x", g, "H", H2)
     expected = (*batch, H2.shape[-1])
     if tuple(g.shape) != expected:
@@ -243,6 +244,7 @@ class ChebyshevSolve(torch.autograd.Function):
             _reversible(Lt, mt, omega_table(rho2, iters), iters)
         x32, xprev, _ = forward_run(H2, q2, step, rho2, iters, mode=mode, out_dtype=torch.float32,
                                     store_prev=backward != "implicit")
+        launch.finite_result(x32, H=H, q=q)
         ctx.save_for_backward(H2, q2, x32, xprev if xprev is not None else x32, step, rho2, Lt, mt)
         ctx.shapes = (batch, q.shape, H.shape, H.dtype)
         ctx.iters, ctx.backward, ctx.mode = iters, backward, mode
@@ -256,6 +258,7 @@ class ChebyshevSolve(torch.autograd.Function):
         g2 = launch.flat(grad_x.to(dtype).expand(*batch, H2.shape[-1]), 1)
         dq2, dH2 = _launch_backward(ctx.backward, H2, q2, g2, step, rho2, Lt, mt, ctx.iters, ctx.mode,
                                     torch.float32, x=x32, xprev=xprev)
+        launch.finite_result(dq2, grad_x=grad_x)
         dq, dH = _grads(dq2, dH2, batch, q_shape, H_shape, dtype)
         return dH, dq, None, None, None, None, None, None
 

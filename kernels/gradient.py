@@ -80,6 +80,7 @@ def _solve(kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_pre
                 H2[s:], q2[s:], *[c[s:] for c in scalars], x[s:], xs[:, s:] if return_info else xs, N * D, iters,
                 D=D, BLOCK_D=launch.block(D), MODE=mode, STORE_ALL=return_info, num_warps=launch.num_warps(D),
             )
+    launch.finite_result(x, H=H, q=q)
     x = x.reshape(*batch, D)
     if not return_info:
         return x
