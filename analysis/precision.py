@@ -32,6 +32,32 @@ def rounding_allowance(kappa: float, n: int, arith: Arith, c: float = ALLOWANCE_
     return c * float(kappa) * (n * arith.u_acc + arith.u_store)
 
 
+def allowance_kappa(eigenvalues: torch.Tensor, L=None, mu=None) -> torch.Tensor:
+    """The kappa that enters the allowance for a stored matrix with these eigenvalues.
+
+    A method run with eigenvalue bounds (Chebyshev, GD, AGD) propagates rounding errors at
+    the rate its parameters set, so its kappa is that of the interval ``[mu, L]`` widened to
+    the stored spectrum: ``max(L, lam_max) / min(mu, lam_min)``. CG (no bounds) uses
+    ``lam_max / lam_min``. A stored matrix with ``lam_min <= 0`` (rounding destroyed positive
+    definiteness) gives ``inf``: no allowance.
+    """
+    lo, hi = eigenvalues[..., 0].to(torch.float64), eigenvalues[..., -1].to(torch.float64)
+    if L is not None:
+        hi = torch.maximum(hi, torch.as_tensor(L, dtype=torch.float64))
+        lo = torch.minimum(lo, torch.as_tensor(mu, dtype=torch.float64))
+    return torch.where(lo > 0, hi / lo.clamp_min(torch.finfo(torch.float64).tiny), torch.full_like(lo, float("inf")))
+
+
+def allowance_applies(kappa: float, n: int, arith: Arith, c: float = ALLOWANCE_C) -> bool:
+    """Whether the allowance says anything: ``c kappa (n u_acc + u_store) < 1``.
+
+    Beyond that the first-order analysis behind it breaks down (second-order terms, and a
+    stored matrix that rounding may have made indefinite); a relative error of 1 is then
+    "no accuracy", and results are reported as carrying no guarantee, not held to a bound.
+    """
+    return rounding_allowance(kappa, n, arith, c) < 1.0
+
+
 def by_label(label: str) -> Arith:
     """The Arith named ``float64``, ``float32``, ``bfloat16/storage`` or ``bfloat16/strict``."""
     for a in PRECISIONS:
@@ -40,4 +66,4 @@ def by_label(label: str) -> Arith:
     raise ValueError(f"unknown precision {label!r}; expected one of {[a.label for a in PRECISIONS]}")
 
 
-__all__ = ["ALLOWANCE_C", "Arith", "BF16_MODES", "PRECISIONS", "by_label", "rounding_allowance", "unit_roundoff"]
+__all__ = ["ALLOWANCE_C", "Arith", "BF16_MODES", "PRECISIONS", "allowance_applies", "allowance_kappa", "by_label", "rounding_allowance", "unit_roundoff"]

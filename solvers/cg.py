@@ -15,6 +15,7 @@ updated residual r_i is what the method uses, the history records the true resid
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -42,10 +43,11 @@ def cg(
     the working precision) or NONFINITE.
     """
     iters = check.count("iters", iters)
-    if rtol is not None and (not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or rtol < 0):
-        raise ValueError(f"rtol must be a float >= 0 or None, got {rtol!r}")
-    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol < 0:
-        raise ValueError(f"atol must be a float >= 0, got {atol!r}")
+    # `not 0 <= v < inf` also rejects NaN, which would silently never converge.
+    if rtol is not None and (not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not 0 <= rtol < math.inf):
+        raise ValueError(f"rtol must be a finite float >= 0 or None, got {rtol!r}")
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not 0 <= atol < math.inf:
+        raise ValueError(f"atol must be a finite float >= 0, got {atol!r}")
     sys = prepare(H, q, need_bounds=False, bf16_mode=bf16_mode)
     ar = sys.arith
     Hs = sys.H
