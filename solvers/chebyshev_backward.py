@@ -357,12 +357,15 @@ def _reduce_and_store(ar, t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 
 def _cotangent(grad_x, sys: System) -> torch.Tensor:
-    g = check.tensor("grad_x", grad_x, min_ndim=1)
-    check.same_kind("grad_x", g, "H", sys.H)
+    """The cotangent of xi_r: a finite tensor of H's dtype and device and the output's shape."""
+    if not isinstance(grad_x, torch.Tensor):
+        raise TypeError(f"grad_x must be a torch.Tensor, got {type(grad_x).__name__}")
+    check.same_kind("grad_x", grad_x, "H", sys.H)  # before any value is read (device first)
     expected = (*sys.batch, sys.H.shape[-1])
-    if tuple(g.shape) != expected:
-        raise ValueError(f"grad_x must have the shape of the forward's output {expected}, got {tuple(g.shape)}")
-    return g
+    if tuple(grad_x.shape) != expected:
+        raise ValueError(f"grad_x must have the shape of the forward's output {expected}, got {tuple(grad_x.shape)}")
+    check.finite("grad_x", grad_x)
+    return grad_x
 
 
 def _check_method(name: str, method, allowed) -> None:
