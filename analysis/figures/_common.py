@@ -1,0 +1,255 @@
+"""What every figure module shares: the Agg backend, saving, data files, the paper table, caching.
+
+A figure module computes a JSON-able ``data`` dict from a ``params`` dict, then renders it.
+:func:`produce` runs that pipeline with a cache: the data of a finished experiment is stored
+under ``out_dir/_cache/<name>.json`` keyed by a hash of (params, the source of the figure
+module, of this module and of the ``solvers`` package), so editing any of them recomputes,
+and a second ``report`` with unchanged code and parameters only re-checks that the files exist.
+
+Files a figure writes, all beside each other in ``out_dir``:
+``<name>.png`` / ``<name>.svg`` (the plot), ``<name>.csv`` (long-format measured series),
+``<name>.json`` (parameters, measured summary, paper values), and, where the paper prints
+numbers, ``<name>_paper.md`` / ``<name>_paper.csv`` (paper value vs ours, one row each).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import pathlib
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import torch  # noqa: E402
+
+FIGURE_DPI = 130
+GALLERY_DPI = 100
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# One colour per method across all figures, so a reader learns them once.
+METHOD_COLORS = {
+    "chebyshev": "tab:blue",
+    "cg": "tab:orange",
+    "gd": "tab:green",
+    "agd": "tab:red",
+    "exact": "black",
+}
+PRECISION_STYLES = {
+    "float64": "-",
+    "float32": "--",
+    "bfloat16/storage": "-.",
+    "bfloat16/strict": ":",
+}
+
+
+def on_gpu(quick: bool) -> bool:
+    """Paper-scale sizes run only with a GPU and outside quick mode."""
+    return (not quick) and torch.cuda.is_available()
+
+
+def device(quick: bool) -> torch.device:
+    return torch.device("cuda") if on_gpu(quick) else torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Paper value vs ours
+
+
+@dataclass
+class PaperRow:
+    """One number the paper prints next to ours.
+
+    ``agrees`` is decided by the caller from the printed rounding (e.g. a value printed to 4
+    digits agrees when ours rounds to it); ``note`` says how (or why not).
+    """
+
+    quantity: str
+    paper: str
+    ours: str
+    agrees: Optional[bool]
+    note: str = ""
+
+
+def rounds_to(value: float, printed: str) -> bool:
+    """Does ``value`` round to the printed decimal string at the printed number of digits?
+
+    ``printed`` is what the paper shows ("0.7253", "6e-5", "0.0016"): the value agrees when it
+    lies within half a unit of the printed last digit.
+    """
+    text = printed.strip().lower()
+    mantissa, _, exponent = text.partition("e")
+    scale = 10.0 ** int(exponent) if exponent else 1.0
+    decimals = len(mantissa.partition(".")[2])
+    half_unit = 0.5 * 10.0**-decimals * scale
+    return abs(value - float(text)) <= half_unit * (1 + 1e-12)
+
+
+def paper_table_markdown(rows: Sequence[PaperRow]) -> str:
+    lines = ["| quantity | paper | ours | agrees | note |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        mark = {True: "yes", False: "**no**", None: "n/a"}[r.agrees]
+        lines.append(f"| {r.quantity} | {r.paper} | {r.ours} | {mark} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_paper_table(out_dir: pathlib.Path, name: str, rows: Sequence[PaperRow]) -> list[pathlib.Path]:
+    md = out_dir / f"{name}_paper.md"
+    md.write_text(paper_table_markdown(rows))
+    return [md, write_csv(out_dir / f"{name}_paper.csv", [asdict(r) for r in rows])]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data files
+
+
+def write_csv(path: pathlib.Path, rows: Sequence[dict]) -> pathlib.Path:
+    """Long-format CSV; the header is the union of the rows' keys in first-seen order."""
+    header: list = []
+    for r in rows:
+        header.extend(k for k in r if k not in header)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _plain(v) for k, v in r.items()})
+    return path
+
+
+def write_json(path: pathlib.Path, obj) -> pathlib.Path:
+    path.write_text(json.dumps(obj, indent=1, default=_plain, allow_nan=True))
+    return path
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, float) and math.isfinite(v):
+        return float(f"{v:.10g}")
+    return v
+
+
+def tolist(t: torch.Tensor) -> list:
+    """A tensor as a float64 list (for the JSON cache)."""
+    return t.detach().to("cpu", torch.float64).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plot helpers
+
+
+def subplots(ncols: int, nrows: int = 1, *, width: float = 4.6, height: float = 3.6):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    return fig, axes
+
+
+def finish_axis(ax, *, xlabel: str, ylabel: str, title: str = "", logy: bool = True,
+                logx: bool = False, legend: bool = True, legend_size: float = 7.0):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=10)
+    if logy:
+        ax.set_yscale("log")
+    if logx:
+        ax.set_xscale("log")
+    ax.grid(True, which="major", alpha=0.3)
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=legend_size, loc="best")
+
+
+def positive(values) -> list:
+    """Values for a log axis: zeros and negatives become NaN (a gap), never a fake tiny value."""
+    return [v if (v is not None and v > 0 and math.isfinite(v)) else float("nan") for v in values]
+
+
+def save_figure(fig, out_dir: pathlib.Path, name: str, suptitle: str = "") -> list[pathlib.Path]:
+    """Write ``<name>.png`` and ``<name>.svg`` and close the figure."""
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=11)
+    fig.tight_layout()
+    png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
+    fig.savefig(png, dpi=FIGURE_DPI)
+    fig.savefig(svg)
+    plt.close(fig)
+    return [png, svg]
+
+
+# ---------------------------------------------------------------------------------------------
+# The cached pipeline
+
+
+def _source_digest(module_file: str) -> str:
+    h = hashlib.sha256()
+    files = [pathlib.Path(module_file), pathlib.Path(__file__)]
+    files += sorted((_ROOT / "solvers").glob("*.py"))
+    for p in files:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(params: dict, module_file: str) -> str:
+    blob = json.dumps(params, sort_keys=True, default=str) + _source_digest(module_file)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Outcome:
+    """What :func:`produce` did: the files, whether the data came from the cache, the time."""
+
+    files: list
+    cached: bool
+    seconds: float
+
+
+def produce(
+    out_dir: pathlib.Path,
+    name: str,
+    params: dict,
+    module_file: str,
+    compute: Callable[[dict], dict],
+    render: Callable[[pathlib.Path, dict, dict], list],
+    *,
+    recompute: bool,
+) -> Outcome:
+    """Compute (or load cached) data for ``params`` and render it into ``out_dir``.
+
+    ``compute(params) -> data`` (JSON-able); ``render(out_dir, params, data) -> files``.
+    With a cache hit and every recorded file present, nothing is recomputed or redrawn.
+    """
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = out_dir / "_cache"
+    cache_dir.mkdir(exist_ok=True)
+    cache_file = cache_dir / f"{name}.json"
+    key = cache_key(params, module_file)
+    start = time.perf_counter()
+    entry = None
+    if not recompute and cache_file.exists():
+        try:
+            entry = json.loads(cache_file.read_text())
+        except json.JSONDecodeError:
+            entry = None
+        if entry is not None and entry.get("key") != key:
+            entry = None
+    if entry is not None:
+        files = [out_dir / f for f in entry.get("files", [])]
+        if files and all(f.exists() for f in files):
+            return Outcome(files, True, time.perf_counter() - start)
+        data = entry["data"]
+        cached = True
+    else:
+        data = compute(params)
+        data["compute_seconds"] = round(time.perf_counter() - start, 3)
+        cached = False
+    files = [pathlib.Path(f) for f in render(out_dir, params, data)]
+    cache_file.write_text(json.dumps({"key": key, "params": params, "data": data,
+                                      "files": [f.name for f in files]}, default=_plain))
+    return Outcome(files, cached, time.perf_counter() - start)

@@ -1,0 +1,129 @@
+"""GKA Fig. 1a: residual norm per iteration of Chebyshev (CH), CG, GD and AGD on the appendix-F
+synthetic problems, in every working precision, with each method's a-priori bound.
+
+The problems are ``solvers.fig1a_problems`` (Frobenius-normalised cumulative key covariances
+plus ``a I``, unit queries), generated once in float64 and rounded to each precision. CH, GD
+and AGD get the paper's bounds ``L = 1 + a``, ``mu = a`` (eq. (4) with ``||H||_F = 1``).
+Plotted: the maximum over all systems (solid) and the median (dashed) of ``||q - A x_i||`` with
+``||q|| = 1``, and the exact-arithmetic bound of ``analysis.figures._runs.residual_bound``
+(dotted) at ``kappa = (1 + a)/a``.
+
+The paper prints no numbers for Fig. 1a, only three statements (Section 4.2.3): CG converges
+fastest within a few iterations; CH reaches CG's accuracy at iteration 10; CH eventually
+attains the smallest errors. The paper table measures each statement.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+import solvers
+from analysis.precision import PRECISIONS
+
+from . import _common as C
+from ._runs import METHODS, residual_bound, residual_history
+
+NAME = "gka_fig1a"
+HELP = "GKA Fig. 1a: residual norms of CH/CG/GD/AGD per iteration, every precision, with bounds"
+
+PAPER_SCALE = {"B": 8, "T": 2048, "heads": 8, "D": 128}
+CPU_SCALE = {"B": 2, "T": 256, "heads": 4, "D": 64}
+QUICK_SCALE = {"B": 1, "T": 64, "heads": 2, "D": 32}
+LABELS = {"chebyshev": "CH", "cg": "CG", "gd": "GD", "agd": "AGD"}
+
+
+def params_for(quick: bool, scale: dict = None) -> dict:
+    if scale is None:
+        scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
+    return {"scale": dict(scale), "a": 0.02, "iters": 50, "seed": 0,
+            "precisions": [p.label for p in PRECISIONS], "device": str(C.device(quick))}
+
+
+def compute(params: dict) -> dict:
+    s = params["scale"]
+    P = solvers.fig1a_problems(s["B"], s["T"], s["heads"], s["D"], a=params["a"], seed=params["seed"],
+                               device=torch.device(params["device"]))
+    kappa = P.L / P.mu
+    series = {}
+    for arith in PRECISIONS:
+        if arith.label not in params["precisions"]:
+            continue
+        series[arith.label] = {}
+        for m in METHODS:
+            r = residual_history(m, P.A, P.q, L=P.L, mu=P.mu, iters=params["iters"], arith=arith)
+            finite = torch.where(torch.isfinite(r), r, torch.full_like(r, float("inf")))
+            series[arith.label][m] = {
+                "max": C.tolist(finite.max(dim=1).values),
+                "median": C.tolist(r.median(dim=1).values),
+                "nonfinite_systems": int((~torch.isfinite(r[-1])).sum()),
+            }
+    bounds = {m: [residual_bound(m, kappa, i) for i in range(params["iters"] + 1)] for m in METHODS}
+    return {"kappa": kappa, "n_systems": int(P.q[..., 0].numel()), "series": series, "bounds": bounds}
+
+
+def crossover(ch: list, cg: list) -> int:
+    """The iteration at which CH catches up with CG: the first i after CG has taken the lead
+    (CG < CH) with CH <= CG again; -1 if CG never leads or CH never catches up."""
+    lead = next((i for i in range(1, len(ch)) if cg[i] < ch[i]), None)
+    if lead is None:
+        return -1
+    return next((i for i in range(lead + 1, len(ch)) if ch[i] <= cg[i]), -1)
+
+
+def paper_rows(data: dict) -> list:
+    rows = []
+    for label, per in data["series"].items():
+        med = {m: per[m]["median"] for m in METHODS}
+        early = {m: med[m][3] for m in METHODS}
+        fastest = min(early, key=early.get)
+        rows.append(C.PaperRow(f"fastest method at iteration 3 ({label}, median)", "CG",
+                               LABELS[fastest], fastest == "cg"))
+        cross = crossover(med["chebyshev"], med["cg"])
+        rows.append(C.PaperRow(f"first iteration CH <= CG ({label}, median)", "10", str(cross),
+                               None, "the paper's 'same accuracy at iteration 10' (precision not stated)"))
+        final = {m: per[m]["max"][-1] for m in METHODS}
+        best = min(final, key=final.get)
+        rows.append(C.PaperRow(f"smallest final max residual ({label}, i={len(med['cg']) - 1})", "CH",
+                               f"{LABELS[best]} ({final[best]:.1e}; CH {final['chebyshev']:.1e})",
+                               best == "chebyshev"))
+    return rows
+
+
+def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
+    labels = list(data["series"])
+    fig, axes = C.subplots(len(labels))
+    its = list(range(params["iters"] + 1))
+    for ax, label in zip(axes[0], labels):
+        for m in METHODS:
+            col = C.METHOD_COLORS[m]
+            ser = data["series"][label][m]
+            ax.plot(its, C.positive(ser["max"]), color=col, lw=1.6, label=f"{LABELS[m]} max")
+            ax.plot(its, C.positive(ser["median"]), color=col, lw=1.0, ls="--", label=f"{LABELS[m]} median")
+            ax.plot(its, C.positive(data["bounds"][m]), color=col, lw=0.8, ls=":", label=f"{LABELS[m]} bound")
+        C.finish_axis(ax, xlabel="iteration i", ylabel="residual ||q - A x_i|| (||q|| = 1)", title=label,
+                      legend=(label == labels[0]), legend_size=6)
+        ax.set_ylim(bottom=max(1e-17, ax.get_ylim()[0]), top=10.0)
+    s = params["scale"]
+    title = (f"GKA Fig. 1a: B={s['B']}, T={s['T']}, heads={s['heads']}, D={s['D']}, a={params['a']} "
+             f"(kappa <= {data['kappa']:.0f}), {data['n_systems']} systems")
+    files = C.save_figure(fig, out_dir, NAME, title)
+    rows = []
+    for label, per in data["series"].items():
+        for m, ser in per.items():
+            for i in its:
+                rows.append({"precision": label, "method": m, "iteration": i, "max_residual": ser["max"][i],
+                             "median_residual": ser["median"][i], "bound": data["bounds"][m][i]})
+    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
+    table = paper_rows(data)
+    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "kappa": data["kappa"],
+                 "n_systems": data["n_systems"], "paper": [r.__dict__ for r in table]}))
+    files += C.write_paper_table(out_dir, NAME, table)
+    return files
+
+
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, scale: dict = None) -> list:
+    """Write the figure; ``scale`` (B, T, heads, D) overrides the size (tests use a tiny one)."""
+    return C.produce(out_dir, NAME, params_for(quick, scale), __file__, compute, render,
+                     recompute=recompute).files
