@@ -9,6 +9,7 @@ from ._arith import Arith, unit_roundoff
 from ._info import SolveInfo, Status
 from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
+from .cholesky import CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper
 from .chebyshev_backward import ChebyshevSolve, algorithm2_as_printed, chebyshev_backward, chebyshev_solve
 from .gradient import agd, gd
 from .kaczmarz import kaczmarz
@@ -22,9 +23,45 @@ from .kla import (
     wy_matrices,
     wy_representation,
 )
+from .koopman import (
+    KoopmanInfo,
+    KoopmanStatistics,
+    KoopmanStream,
+    SpectralNormInfo,
+    chunk_causal_statistics,
+    koopman_readout,
+    koopman_statistics,
+    linear_attention_readout,
+    power_sigma_max,
+    ridge_readout,
+    sequence_max_scale,
+    spectral_normalize,
+    value_map,
+    whitened_operator,
+)
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
+    "CholeskyError",
+    "CholeskyInfo",
+    "JitterWarning",
+    "KoopmanInfo",
+    "KoopmanStatistics",
+    "KoopmanStream",
+    "SpectralNormInfo",
+    "cholesky",
+    "chunk_causal_statistics",
+    "koopman_readout",
+    "koopman_statistics",
+    "linear_attention_readout",
+    "power_sigma_max",
+    "ridge_readout",
+    "sequence_max_scale",
+    "solve_lower",
+    "solve_upper",
+    "spectral_normalize",
+    "value_map",
+    "whitened_operator",
     "Arith",
     "ChebyshevSolve",
     "Fig1aProblems",
