@@ -17,3 +17,5 @@ from .spd import (
     spectra,
     spectrum,
 )
+from .gates import GATE_REGIMES, log_gate_sequences, log_gate_values, log_gates, pre_activations
+from .gka import GKACase, gka_case, gka_cases
