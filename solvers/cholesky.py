@@ -84,9 +84,21 @@ class CholeskyInfo:
 
     @property
     def status(self) -> Status:
-        if self.system_status.numel() == 0:
-            return Status.COMPLETED
-        return Status(int(self.system_status.max()))
+        return worst_status(self.system_status)
+
+
+# Severity, worst first. Not the enum's numeric order: JITTERED (5) was appended after
+# BREAKDOWN (3) but a jittered success is better than a breakdown.
+_SEVERITY = (Status.NONFINITE, Status.BREAKDOWN, Status.JITTERED, Status.MAX_ITERS_REACHED,
+             Status.CONVERGED, Status.COMPLETED)
+
+
+def worst_status(system_status: torch.Tensor) -> Status:
+    """The worst per-system status of a batch (COMPLETED for an empty batch)."""
+    for s in _SEVERITY:
+        if bool((system_status == int(s)).any()):
+            return s
+    return Status.COMPLETED
 
 
 def _factor(ar: Arith, G: torch.Tensor, jitter: float):

@@ -41,7 +41,7 @@ import torch
 from . import _validate as check
 from ._arith import Arith
 from ._info import Status
-from .cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper
+from .cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper, worst_status
 
 SCALE_FLOOR = 1e-6  # clamp of the sequence max (section 3.2.1)
 DEFAULT_EPS = 1e-3  # ridge epsilon (eqs. (4)-(6))
@@ -506,9 +506,7 @@ class KoopmanInfo:
 
     @property
     def status(self) -> Status:
-        if self.system_status.numel() == 0:
-            return Status.COMPLETED
-        return Status(int(self.system_status.max()))
+        return worst_status(self.system_status)
 
 
 def _check_stats(stats) -> KoopmanStatistics:
