@@ -19,3 +19,4 @@ from .spd import (
 )
 from .gates import GATE_REGIMES, log_gate_sequences, log_gate_values, log_gates, pre_activations
 from .gka import GKACase, gka_case, gka_cases
+from .sequences import KaczmarzSystem, KLACase, consistent_system, consistent_systems, kla_case, kla_cases
