@@ -1,1 +1,13 @@
-"""placeholder"""
+"""The claim catalogue: every lemma, proposition and algorithm of the papers as a check.
+
+``python -m proofs_check`` runs it (``--paper``, ``--claim``, ``--examples``, ``--precision``)
+and exits non-zero when an observed verdict differs from the recorded one. ``docs/claims.md``
+lists every claim with its status; ``docs/errata.md`` tells the story of each that fails.
+"""
+
+from .claim import FAILS, HOLDS, Claim, Measurement, Result, Uncheckable
+from .registry import all_claims, get, uncheckable
+from .runner import format_table, main, run, run_claim, table_rows
+
+__all__ = ["FAILS", "HOLDS", "Claim", "Measurement", "Result", "Uncheckable", "all_claims", "format_table",
+           "get", "main", "run", "run_claim", "table_rows", "uncheckable"]

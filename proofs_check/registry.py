@@ -1,0 +1,78 @@
+"""The claim catalogue: every claim module registers its :class:`Claim` objects here.
+
+Claim modules live in :mod:`proofs_check.claims` (one per paper); :func:`all_claims` imports
+them on first use, so importing :mod:`proofs_check` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Iterable, Optional
+
+from .claim import PAPERS, Claim, Uncheckable
+
+_CLAIMS: dict = {}
+_UNCHECKABLE: dict = {}
+_LOADED = False
+
+CLAIM_MODULES = ("gka", "gka_backward", "kla", "echo", "gates", "reported")
+
+
+def register(*claims: Claim) -> None:
+    for c in claims:
+        if c.id in _CLAIMS:
+            raise ValueError(f"claim {c.id} registered twice")
+        _CLAIMS[c.id] = c
+
+
+def register_uncheckable(*items: Uncheckable) -> None:
+    for u in items:
+        if u.id in _UNCHECKABLE or u.id in _CLAIMS:
+            raise ValueError(f"claim {u.id} registered twice")
+        _UNCHECKABLE[u.id] = u
+
+
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for name in CLAIM_MODULES:
+        importlib.import_module(f"proofs_check.claims.{name}")
+    for c in _CLAIMS.values():
+        if c.twin is not None and c.twin not in _CLAIMS:
+            raise ValueError(f"claim {c.id}: twin {c.twin} is not registered")
+
+
+def all_claims(paper: Optional[str] = None, ids: Optional[Iterable[str]] = None) -> list:
+    """Registered checkable claims in catalogue order, filtered by paper and/or id.
+
+    ``ids`` entries match a claim id exactly or as a prefix ending at a dot
+    (``gka.lemma3`` selects ``gka.lemma3`` and ``gka.lemma3.float``; ``gka.alg2`` selects
+    every Algorithm 2 claim).
+    """
+    _load()
+    if paper is not None and paper not in PAPERS:
+        raise ValueError(f"unknown paper {paper!r}; expected one of {sorted(PAPERS)}")
+    out = [c for c in _CLAIMS.values() if paper is None or c.paper == paper]
+    if ids is not None:
+        wanted = list(ids)
+        unknown = [w for w in wanted if not any(_id_matches(c.id, w) for c in _CLAIMS.values())]
+        if unknown:
+            raise ValueError(f"unknown claim id(s) {unknown}")
+        out = [c for c in out if any(_id_matches(c.id, w) for w in wanted)]
+    return out
+
+
+def uncheckable(paper: Optional[str] = None) -> list:
+    _load()
+    return [u for u in _UNCHECKABLE.values() if paper is None or u.paper == paper]
+
+
+def get(claim_id: str) -> Claim:
+    _load()
+    return _CLAIMS[claim_id]
+
+
+def _id_matches(claim_id: str, wanted: str) -> bool:
+    return claim_id == wanted or claim_id.startswith(wanted + ".")

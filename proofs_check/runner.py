@@ -1,0 +1,216 @@
+"""Run the claim catalogue: ``python -m proofs_check`` and the functions behind it.
+
+For each (claim, precision) the runner lets hypothesis search the claim's strategy for a case
+whose :class:`~proofs_check.claim.Measurement` exceeds its bound, trying the claim's stored
+``examples`` first. No violation: observed verdict ``holds`` (with the worst value/bound seen).
+A violation: ``fails``, with the shrunk counterexample. The process exits non-zero exactly
+when some observed verdict differs from the recorded one (``Claim.expected``).
+
+Public API (also used by ``python -m analysis claims``):
+
+* :func:`run` -> ``list[Result]``;
+* :func:`table_rows` -> one dict per result (claim, source, precision, cases, worst, bound,
+  verdict, matches);
+* :func:`format_table` -> the printed table;
+* :func:`main` ``(argv) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from typing import Iterable, Mapping, Optional
+
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
+
+from . import registry
+from .claim import (ALL_PRECISIONS, CORRECTED, ERROR, EXTENSION, FAILS, HOLDS, PENDING, PRINTED, Claim,
+                    Measurement, Pending, Result)
+
+DEFAULT_EXAMPLES = 25
+
+
+class _Violation(AssertionError):
+    """A case whose measured value exceeds its bound."""
+
+
+def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
+    if b is None:
+        return True
+    ra, rb = a.ratio, b.ratio
+    if math.isnan(ra):
+        return not math.isnan(rb)
+    return not math.isnan(rb) and ra > rb
+
+
+def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES, deterministic: bool = True,
+              impl: Optional[Mapping] = None, shrink: bool = True) -> Result:
+    """Search one claim in one precision. ``impl`` replaces ``claim.implementation()``
+    (how :mod:`proofs_check.broken` injects a broken implementation)."""
+    start = time.perf_counter()
+    try:
+        implementation = claim.implementation() if impl is None else impl
+    except Pending as exc:
+        return Result(claim, precision, 0, None, PENDING, message=str(exc), seconds=time.perf_counter() - start)
+    state = {"tried": 0, "worst": None, "fail": None}
+
+    def body(case):
+        state["tried"] += 1
+        m = claim.check(case, implementation, precision)
+        if _worse(m, state["worst"]):
+            state["worst"] = m
+        if not m.ok:
+            state["fail"] = (case, m)
+            raise _Violation(f"{claim.id} [{precision}]: {m.value:.6g} > {m.bound:.6g} {m.detail}")
+
+    test = given(claim.strategy())(body)
+    for case in reversed(claim.examples):
+        test = example(case)(test)
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    test = settings(max_examples=max(1, examples), derandomize=deterministic, database=None, deadline=None,
+                    verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck),
+                    report_multiple_bugs=False, phases=phases, print_blob=False)(test)
+    verdict, counterexample, message = HOLDS, None, ""
+    try:
+        test()
+    except _Violation as exc:
+        case, m = state["fail"]
+        verdict, counterexample, message = FAILS, repr(case), str(exc)
+        state["worst"] = m
+    except Exception as exc:  # a defect of the check or of the reference it calls
+        verdict, message = ERROR, f"{type(exc).__name__}: {exc}"
+    return Result(claim, precision, state["tried"], state["worst"], verdict, counterexample, message,
+                  time.perf_counter() - start)
+
+
+def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, examples: int = DEFAULT_EXAMPLES,
+        precisions: Optional[Iterable[str]] = None, deterministic: bool = True, shrink: bool = True,
+        progress=None) -> list:
+    """Run the selected claims; one :class:`Result` per (claim, precision).
+
+    ``precisions``: restrict to these labels (each claim runs in those it supports); by
+    default every precision the claim lists. ``progress(result)`` is called after each run.
+    """
+    wanted = None if precisions is None else list(precisions)
+    if wanted is not None:
+        bad = [p for p in wanted if p not in ALL_PRECISIONS]
+        if bad:
+            raise ValueError(f"unknown precision(s) {bad}; expected some of {list(ALL_PRECISIONS)}")
+    results = []
+    for claim in registry.all_claims(paper, claims):
+        for p in claim.precisions:
+            if wanted is not None and p not in wanted:
+                continue
+            r = run_claim(claim, p, examples=examples, deterministic=deterministic, shrink=shrink)
+            results.append(r)
+            if progress is not None:
+                progress(r)
+    return results
+
+
+def verdict_text(result: Result, results: Iterable[Result] = ()) -> str:
+    """``holds`` / ``holds, loose by X`` / ``fails as printed, corrected form holds`` / ``fails``."""
+    c, v = result.claim, result.verdict
+    if v == HOLDS:
+        if c.loose is not None and result.worst is not None and result.worst.ratio > 0:
+            return f"holds, loose by {1.0 / result.worst.ratio:.3g}x"
+        return "holds (corrected form)" if c.form == CORRECTED else HOLDS
+    if v == FAILS:
+        if c.form == PRINTED and c.twin is not None:
+            twin = [r for r in results if r.claim.id == c.twin and r.precision == result.precision]
+            if twin and twin[0].verdict == HOLDS:
+                return "fails as printed, corrected form holds"
+            return "fails as printed"
+        if c.form == EXTENSION:
+            return "fails (does not extend)"
+        return FAILS
+    return v
+
+
+def table_rows(results: list) -> list:
+    """One plain dict per result, for machine-readable reports."""
+    rows = []
+    for r in results:
+        w = r.worst
+        rows.append({
+            "claim": r.claim.id, "paper": r.claim.paper, "source": r.claim.source, "form": r.claim.form,
+            "precision": r.precision, "cases": r.tried,
+            "worst": None if w is None else w.value, "bound": None if w is None else w.bound,
+            "verdict": r.verdict, "verdict_text": verdict_text(r, results), "expected": r.expected,
+            "matches": r.matches, "counterexample": r.counterexample, "message": r.message,
+            "seconds": round(r.seconds, 3),
+        })
+    return rows
+
+
+def _fmt(x: Optional[float]) -> str:
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    return f"{x:.3g}"
+
+
+def format_table(results: list, *, show_counterexamples: bool = True) -> str:
+    head = ("claim", "source", "precision", "cases", "worst", "bound", "verdict")
+    body = []
+    for r in results:
+        w = r.worst
+        text = verdict_text(r, results)
+        if not r.matches:
+            text = f"MISMATCH: {text} (recorded: {r.expected})"
+        body.append((r.claim.id, r.claim.source, r.precision, str(r.tried), _fmt(w and w.value),
+                     _fmt(w and w.bound), text))
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(head)]
+    widths[1] = min(widths[1], 44)
+    lines = ["  ".join(h.ljust(widths[i]) for i, h in enumerate(head)), "  ".join("-" * w for w in widths)]
+    for row in body:
+        cells = list(row)
+        if len(cells[1]) > widths[1]:
+            cells[1] = cells[1][: widths[1] - 1] + "~"
+        lines.append("  ".join(cells[i].ljust(widths[i]) for i in range(len(head))).rstrip())
+    extra = []
+    for r in results:
+        if r.verdict == FAILS and show_counterexamples and r.counterexample is not None:
+            extra.append(f"{r.claim.id} [{r.precision}] counterexample: {r.counterexample}")
+        if r.verdict in (ERROR, PENDING) or (not r.matches and r.message):
+            extra.append(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}")
+    mism = sum(not r.matches for r in results)
+    summary = f"{len(results)} runs of {len({r.claim.id for r in results})} claims; {mism} differ from the record"
+    return "\n".join(lines + ([""] + extra if extra else []) + ["", summary])
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m proofs_check",
+                                description="Check the papers' claims (docs/claims.md) and compare with the record.")
+    p.add_argument("--paper", choices=sorted(["gka", "kla", "echo", "gates"]), help="only this paper's claims")
+    p.add_argument("--claim", action="append", metavar="ID",
+                   help="claim id or id prefix (repeatable), e.g. gka.lemma3 or gka.alg2")
+    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+                   help=f"hypothesis examples per claim and precision (default {DEFAULT_EXAMPLES})")
+    p.add_argument("--precision", action="append", choices=list(ALL_PRECISIONS),
+                   help="only these precisions (repeatable); default: each claim's own list")
+    p.add_argument("--random", action="store_true", help="random search instead of the deterministic one")
+    p.add_argument("--no-shrink", action="store_true", help="report counterexamples unshrunk (faster)")
+    p.add_argument("--list", action="store_true", help="list the selected claims and exit")
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.list:
+        for c in registry.all_claims(args.paper, args.claim):
+            print(f"{c.id:48s} {c.source:40s} {','.join(c.precisions)}")
+        return 0
+
+    def progress(r: Result) -> None:
+        flag = "" if r.matches else "  <-- differs from the record"
+        print(f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s){flag}",
+              file=sys.stderr, flush=True)
+
+    results = run(args.paper, args.claim, examples=args.examples, precisions=args.precision,
+                  deterministic=not args.random, shrink=not args.no_shrink, progress=progress)
+    print(format_table(results))
+    return 0 if all(r.matches for r in results) else 1
