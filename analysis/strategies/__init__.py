@@ -20,3 +20,5 @@ from .spd import (
 from .gates import GATE_REGIMES, log_gate_sequences, log_gate_values, log_gates, pre_activations
 from .gka import GKACase, gka_case, gka_cases
 from .sequences import KaczmarzSystem, KLACase, consistent_system, consistent_systems, kla_case, kla_cases
+from .bf16 import bf16_floats, bf16_matrices, bf16_tensors, bf16_vectors, is_bf16, to_bf16
+from .ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
