@@ -109,12 +109,15 @@ def test_methods_against_float64_autograd(ar):
 
     autograd (dq, dH), implicit dq, reverse_stored_omega dq: within allow(ar) (measured ratio
     <= 0.16 in every precision). reverse dq, dH and reverse_stored_omega dH: within
-    allow(ar) * A_r (measured ratio <= 0.87 for reverse, <= 0.07 for stored-omega dH; the bound
-    is vacuous, i.e. >= 1, where the reversal is useless: float64 kappa=10 r=50, float32
-    kappa=10 r>=20, bf16 r>=10 at kappa <= 51). implicit dH: within the truncation gap bound
-    plus allow(ar) (measured in the module docstring).
+    allow(ar) * A_r (measured ratio <= 0.87 for reverse, <= 0.07 for stored-omega dH). implicit
+    dH: within the truncation gap bound plus allow(ar) (measured in the module docstring).
+    A bound >= 1 says nothing (first-order analysis no longer valid; "no accuracy"), so only
+    bounds < 1 are asserted: that leaves out the reverse methods where the reversal is useless
+    (float64 kappa=10 r=50; float32 kappa=10 r>=20, kappa=51 r=50; bf16 r>=10 at kappa<=51),
+    bf16/storage beyond kappa = 10 (allow = 0.31 there, 1.6 at kappa = 51) and all of
+    bf16/strict (allow >= 2.8 at D = 8, its errors are in the module docstring).
     """
-    bad = []
+    bad, checked = [], 0
     for kappa in KAPPAS:
         for r in ITERS:
             pb = _problem(ar, kappa)
@@ -131,10 +134,14 @@ def test_methods_against_float64_autograd(ar):
             for method, (b_dq, b_dH) in bounds.items():
                 dq, dH = _grads(pb, ar, r, method)
                 assert dq.dtype == ar.dtype and dH.dtype == ar.dtype
-                e_dq, e_dH = rel(dq, ref_dq), rel(dH, ref_dH)
-                if not (e_dq <= b_dq and e_dH <= b_dH):
-                    bad.append((method, kappa, r, e_dq, b_dq, e_dH, b_dH))
+                for err, bound in ((rel(dq, ref_dq), b_dq), (rel(dH, ref_dH), b_dH)):
+                    if bound < 1:
+                        checked += 1
+                        if not err <= bound:
+                            bad.append((method, kappa, r, err, bound))
     assert not bad, bad
+    # of the 120 (error, bound) pairs, those whose bound applies (< 1): 107, 98, 24, 0
+    assert checked >= {"float64": 100, "float32": 90, "bfloat16/storage": 20, "bfloat16/strict": 0}[ar.label]
 
 
 @pytest.mark.parametrize("ar", PRECISIONS, ids=IDS)
@@ -278,29 +285,32 @@ def test_remark2_reversal_is_not_stable_as_claimed(ar):
 # --------------------------------------------------------------------------- broken variants fail
 
 
-def _broken_reverse(pb, r, *, flip_q=False, shift_omegas=False):
-    sys = prepare(pb.H, pb.q, L=pb.L, mu=pb.mu, need_bounds=True)
+def _broken_reverse(pb, ar, r, *, flip_q=False, shift_omegas=False):
+    sys = prepare(pb.H, pb.q, L=pb.L, mu=pb.mu, need_bounds=True, bf16_mode=ar.mode)
     state = _forward_state(sys, r, keep_omegas=True)
     if shift_omegas:  # off by one: omega_{i-1} used at step i
         state.omegas = [state.omegas[0]] + state.omegas[:-1]
     if flip_q:  # eq. (49) with +c_i q: the printed sign
-        sys = prepare(pb.H, -pb.q, L=pb.L, mu=pb.mu, need_bounds=True)
+        sys = prepare(pb.H, -pb.q, L=pb.L, mu=pb.mu, need_bounds=True, bf16_mode=ar.mode)
     dq, dH, _ = _reverse(sys, pb.g, state, False)
     return dq, dH
 
 
-@pytest.mark.parametrize("kind", ["flip_q", "shift_omegas"])
-def test_broken_reverse_fails_the_comparison(kind):
-    """The comparison with autograd catches a flipped sign on q in eq. (49) (dH off by ~20x
-    at kappa=10, r=5) and an off-by-one omega index (dq off by ~10%); the intact pass is within
-    allow * A_r (2e-15)."""
-    pb = spd_problem(D, 10.0, torch.float64)
+@pytest.mark.parametrize("ar,kind", [(PRECISIONS[0], "flip_q"), (PRECISIONS[0], "shift_omegas"),
+                                     (PRECISIONS[1], "flip_q"), (PRECISIONS[1], "shift_omegas"),
+                                     (PRECISIONS[2], "flip_q")], ids=lambda v: getattr(v, "label", v))
+def test_broken_reverse_fails_the_comparison(ar, kind):
+    """The comparison with float64 autograd (bound allow * A_r, kappa = 10, r = 5) catches a
+    flipped sign on q in eq. (49) (dH error 13 in every precision; bound 9e-13 float64, 5e-4
+    float32, 3.7 bf16/storage) and an off-by-one omega index (dq error 0.13; caught in float64 and
+    float32 only: in bf16 the bound is >= 1); the intact pass is within the bound (float64: 1e-15)."""
+    pb = _problem(ar, 10.0)
     ref_dq, ref_dH = _autograd64(pb, 5)
-    tol = 2 * rounding_allowance(pb.kappa, D, F64) * reversal_amplification(pb.L, pb.mu, 5)
-    ok_dq, ok_dH = _broken_reverse(pb, 5)
+    tol = _allow(ar, pb) * reversal_amplification(pb.L, pb.mu, 5)
+    ok_dq, ok_dH = _broken_reverse(pb, ar, 5)
     assert rel(ok_dq, ref_dq) <= tol and rel(ok_dH, ref_dH) <= tol
-    dq, dH = _broken_reverse(pb, 5, **{kind: True})
-    assert max(rel(dq, ref_dq), rel(dH, ref_dH)) >= 1e6 * tol
+    dq, dH = _broken_reverse(pb, ar, 5, **{kind: True})
+    assert max(rel(dq, ref_dq), rel(dH, ref_dH)) > tol
 
 
 # --------------------------------------------------------------------------- autograd.Function
