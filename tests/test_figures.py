@@ -1,0 +1,176 @@
+"""Figures: every module writes its files on a tiny problem, the cache works, and the numeric
+cores behind the paper tables hold against the printed values (with broken variants)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+
+import pytest
+import torch
+
+import solvers
+from analysis import bounds
+from analysis.figures import FIGURES
+from analysis.figures import _common as C
+from analysis.figures import gka_fig1a, gka_omega
+from analysis.figures._cg_reversal import cg_coefficients
+from analysis.precision import PRECISIONS
+
+TINY = {"B": 1, "T": 8, "heads": 1, "D": 8}
+
+
+def _run(name, out_dir, recompute=True):
+    mod = importlib.import_module(f"analysis.figures.{name}")
+    kw = {"scale": TINY} if "scale" in mod.run.__code__.co_varnames else {}
+    return mod.run(out_dir, quick=True, recompute=recompute, **kw)
+
+
+@pytest.mark.parametrize("name", FIGURES)
+def test_figure_writes_its_files(name, tmp_path):
+    mod = importlib.import_module(f"analysis.figures.{name}")
+    assert isinstance(mod.NAME, str) and isinstance(mod.HELP, str) and mod.HELP
+    files = _run(name, tmp_path)
+    suffixes = {f.suffix for f in files}
+    assert {".png", ".svg", ".csv", ".json"} <= suffixes, suffixes
+    for f in files:
+        assert f.exists() and f.stat().st_size > 0, f
+    assert (tmp_path / f"{mod.NAME}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cache_skips_recomputation_until_recompute(tmp_path, monkeypatch):
+    first = _run("gka_omega", tmp_path)
+
+    def refuse(params):
+        raise AssertionError("recomputed although cached")
+
+    monkeypatch.setattr(gka_omega, "compute", refuse)
+    assert _run("gka_omega", tmp_path, recompute=False) == first
+    with pytest.raises(AssertionError, match="recomputed"):
+        _run("gka_omega", tmp_path, recompute=True)
+
+
+def test_cache_rerenders_missing_files_without_recomputing(tmp_path, monkeypatch):
+    files = _run("gka_omega", tmp_path)
+    files[0].unlink()
+    monkeypatch.setattr(gka_omega, "compute", lambda params: pytest.fail("recomputed"))
+    assert _run("gka_omega", tmp_path, recompute=False)[0].exists()
+
+
+def test_cache_key_changes_with_params():
+    assert C.cache_key({"a": 1}, gka_omega.__file__) != C.cache_key({"a": 2}, gka_omega.__file__)
+
+
+# --- the paper-table helper ------------------------------------------------------------------
+
+@pytest.mark.parametrize("value,printed,ok", [
+    (0.72533, "0.7253", True), (0.72536, "0.7253", False), (6.547e-5, "6e-5", False),
+    (6.547e-5, "6.5e-5", True), (0.2008, "0.2", True), (0.0597, "0.0597", True), (0.26, "0.2", False),
+])
+def test_rounds_to_uses_the_printed_last_digit(value, printed, ok):
+    assert C.rounds_to(value, printed) is ok
+
+
+# --- Remark 1 (GKA appendix D.1) --------------------------------------------------------------
+
+def test_remark1_printed_values_hold_except_r30():
+    table = gka_omega.remark1_table()
+    for n, (pr, pra) in gka_omega.REMARK1_PRINTED.items():
+        r, ra = table[n]
+        assert C.rounds_to(ra, pra), (n, ra, pra)
+        if n != 30:
+            assert C.rounds_to(r, pr), (n, r, pr)
+
+
+def test_remark1_r30_printed_is_truncated_erratum():
+    # docs/errata.md "GKA appendix D.1, Remark 1": printed 6e-5 fails, corrected 6.5e-5 holds
+    r30 = gka_omega.remark1_table()[30][0]
+    assert not C.rounds_to(r30, gka_omega.REMARK1_PRINTED[30][0])
+    assert C.rounds_to(r30, "6.5e-5")
+
+
+def test_remark1_check_catches_missing_rho_factor():
+    # broken variant: R taken as R_a (dropping (kappa-1)/(kappa+1)) must fail the printed R
+    ra = gka_omega.remark1_table()[1][1]
+    assert not C.rounds_to(ra, gka_omega.REMARK1_PRINTED[1][0])
+
+
+def test_remark1_check_catches_wrong_kappa():
+    # broken variant: kappa = 1/0.02 = 50 (forgetting the +a in L) must fail the printed R
+    assert not C.rounds_to(gka_omega.remark1_table(kappa=50)[1][0], "0.7253")
+
+
+# --- Lemma 3/4: the omega schedule --------------------------------------------------------------
+
+@pytest.mark.parametrize("kappa", [2, 11, 51, 1001])
+def test_lemma4_bound_holds_and_rate_tends_to_ra_squared(kappa):
+    w, star = gka_omega.exact_schedule(kappa, 60)
+    gaps = [float(x - star) for x in w]
+    bound = bounds.omega_gap_bound(kappa, torch.arange(61)).tolist()
+    # Lemma 4 with exact gaps (50 digits); the bound R^i (2 - omega_1*) is a float64 evaluation of
+    # i + 6 operations, relative error <= (i + 6) u_64
+    assert all(g <= b * (1 + (i + 6) * 2.0**-53) for i, (g, b) in enumerate(zip(gaps, bound)))
+    ra2 = float(bounds.contraction_rate(kappa)) ** 2
+    # ratio_i = rho^2 omega_1* omega_i / 4 -> R_a^2, with error rho^2 omega_1* gap_i / 4 <= gap_i;
+    # measured where the gap is still far above the 50-digit resolution; ra2 itself is a float64
+    # evaluation of a few operations (<= 8 u_64 relative)
+    i = max(j for j, g in enumerate(gaps) if g > 1e-30)
+    assert abs(gaps[i] / gaps[i - 1] - ra2) <= gaps[i - 1] + 8 * 2.0**-53 * ra2
+
+
+def test_lemma4_check_catches_a_too_fast_rate():
+    # broken variant: claiming rate 0.99 R_a^2 must be violated by the exact gaps
+    w, star = gka_omega.exact_schedule(51, 40)
+    ra2 = float(bounds.contraction_rate(51)) ** 2
+    gaps = [float(x - star) for x in w]
+    assert any(g > (0.99 * ra2) ** i * gaps[0] for i, g in enumerate(gaps))
+
+
+@pytest.mark.parametrize("kappa", [1.5, 10.0, 51.0, 1e4])
+def test_remark2_divisor_lower_end_is_ra_squared(kappa):
+    lower = float(bounds.omega_star(bounds.rho(kappa, 1.0))) - 1.0
+    # identity omega_1* - 1 = R_a^2, checked to a few float64 ulps
+    assert math.isclose(lower, float(bounds.contraction_rate(kappa)) ** 2, rel_tol=1e-12)
+
+
+def test_computed_schedule_is_the_solvers():
+    w = gka_omega._computed_schedule(51.0, 10, PRECISIONS[0])
+    assert torch.equal(w, solvers.chebyshev_weights(51.0, 1.0, 10))
+
+
+# --- CG replay behind Fig. 5b --------------------------------------------------------------------
+
+@pytest.mark.parametrize("arith", PRECISIONS, ids=lambda a: a.label)
+def test_cg_replay_is_solvers_cg_bit_for_bit(arith):
+    P = solvers.fig1a_problems(1, 12, 1, 8, a=0.02, seed=1)
+    A, q = P.A.reshape(-1, 8, 8).to(arith.dtype), P.q.reshape(-1, 8).to(arith.dtype)
+    c = cg_coefficients(A, q, iters=15, bf16_mode=arith.mode)
+    _, info = solvers.cg(A, q, iters=15, bf16_mode=arith.mode, return_info=True)
+    assert torch.equal(c.iterates, info.iterates)
+    # beta_i = ||r_{i+1}||^2 / ||r_i||^2 > 0 while active; m_i = alpha_i beta_{i-1} / alpha_{i-1}
+    ok = torch.isfinite(c.beta)
+    assert bool((c.beta[ok] >= 0).all())
+    assert c.three_term_divisor().shape[0] == 14
+
+
+def test_cg_replay_check_detects_a_different_arithmetic():
+    # broken variant: the same replay in another bf16 mode is a different algorithm run
+    P = solvers.fig1a_problems(1, 12, 1, 8, a=0.02, seed=1)
+    A, q = P.A.reshape(-1, 8, 8).bfloat16(), P.q.reshape(-1, 8).bfloat16()
+    c = cg_coefficients(A, q, iters=15, bf16_mode="strict")
+    _, info = solvers.cg(A, q, iters=15, bf16_mode="storage", return_info=True)
+    assert not torch.equal(c.iterates, info.iterates)
+
+
+# --- Fig. 1a helpers ------------------------------------------------------------------------------
+
+def test_crossover_is_where_ch_catches_up_after_cg_leads():
+    assert gka_fig1a.crossover([1, 0.5, 0.4, 0.1], [1, 0.6, 0.2, 0.2]) == 3
+    assert gka_fig1a.crossover([1, 0.5, 0.4], [1, 0.6, 0.5]) == -1  # CG never leads
+
+
+def test_fig1a_paper_table_is_in_the_json(tmp_path):
+    _run("gka_fig1a", tmp_path)
+    meta = json.loads((tmp_path / "gka_fig1a.json").read_text())
+    assert {r["paper"] for r in meta["paper"]} >= {"CG", "10", "CH"}
