@@ -102,6 +102,31 @@ def kaczmarz_limit(A, b, x0=None, *, dps: int = amp.DPS) -> HighPrecision:
         return HighPrecision.from_mp(out, (*batch, n))
 
 
+def mp_sweep_closed_form(A, b, x0=None, *, relaxation: float = 1.0, eps: float = 0.0, dps: int = amp.DPS) -> HighPrecision:
+    """One cyclic sweep in closed form, ``x0 + A^T (D_eps/omega + L)^{-1} (b - A x0)`` (pyamg's
+    identity; ``tril(A A^T)`` for omega = 1, eps = 0), by exact forward substitution in mpmath.
+    ``D_eps = diag(||a_i||^2 + eps)``, L the strict lower part of ``A A^T``; rows with
+    ``||a_i||^2 + eps = 0`` (skipped by the solver) get y_i = 0."""
+    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
+    m, n = A.shape[-2:]
+    A_f = A.expand(*batch, m, n).reshape(-1, m, n)
+    b_f = b.expand(*batch, m).reshape(-1, m)
+    x_f = torch.zeros(A_f.shape[0], n, dtype=torch.float64) if x0 is None else x0.expand(*batch, n).reshape(-1, n)
+    out = []
+    with amp.precision(dps):
+        omega, eps_m = mpmath.mpf(relaxation), mpmath.mpf(eps)
+        for s in range(A_f.shape[0]):
+            Am, bm, x = _rows(A_f[s]), _mpf_list(b_f[s]), _mpf_list(x_f[s])
+            r = [bi - mpmath.fdot(a, x) for a, bi in zip(Am, bm)]
+            y = []
+            for i in range(m):
+                diag = (mpmath.fdot(Am[i], Am[i]) + eps_m) / omega
+                acc = r[i] - mpmath.fsum(mpmath.fdot(Am[i], Am[j]) * y[j] for j in range(i))
+                y.append(mpmath.mpf(0) if diag == 0 else acc / diag)
+            out.extend(x[j] + mpmath.fsum(Am[i][j] * y[i] for i in range(m)) for j in range(n))
+        return HighPrecision.from_mp(out, (*batch, n))
+
+
 # ----------------------------------------------------------------------------- KLA
 
 

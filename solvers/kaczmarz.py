@@ -103,7 +103,8 @@ def kaczmarz(
     batch = check.batch_shape("A, b and x0", *shapes)
     A = A.expand(*batch, m, n)
     b = b.expand(*batch, m)
-    x = torch.zeros((*batch, n), dtype=A.dtype, device=A.device) if x0 is None else x0.expand(*batch, n)
+    # A copy, so that even with no step taken the result never aliases the caller's x0.
+    x = torch.zeros((*batch, n), dtype=A.dtype, device=A.device) if x0 is None else x0.expand(*batch, n).clone()
 
     ar = Arith(A.dtype, bf16_mode)
     denominators, skip = _row_denominators(A, b, eps, ar)
