@@ -102,9 +102,25 @@ def load_vector(p_x, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def stored(b_x, dtype: tl.constexpr):
+    """``b_x`` rounded to the output dtype, to nearest even.
+
+    Triton's CPU interpreter truncates float32 -> bfloat16 (seen with Triton 3.9: half of
+    random values differ from round-to-nearest), which would double the output's rounding
+    error; under it the rounding is done on the bits (finite values)."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        b_bits = b_x.to(tl.uint32, bitcast=True)
+        b_bits = b_bits + (0x7FFF + ((b_bits >> 16) & 1))
+        b_y = (b_bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        b_y = b_x.to(dtype)
+    return b_y
+
+
+@triton.jit
 def store_vector(p_x, i_n, b_x, D: tl.constexpr, BLOCK_D: tl.constexpr):
     o_d = tl.arange(0, BLOCK_D)
-    tl.store(p_x + i_n * D + o_d, b_x.to(p_x.dtype.element_ty), mask=o_d < D)
+    tl.store(p_x + i_n * D + o_d, stored(b_x, p_x.dtype.element_ty), mask=o_d < D)
 
 
 @triton.jit
@@ -112,4 +128,4 @@ def store_matrix(p_M, i_n, b_M, D: tl.constexpr, BLOCK_D: tl.constexpr):
     o_d = tl.arange(0, BLOCK_D)
     m_d = o_d < D
     p_b = p_M + i_n * (D * D) + o_d[:, None] * D + o_d[None, :]
-    tl.store(p_b, b_M.to(p_M.dtype.element_ty), mask=m_d[:, None] & m_d[None, :])
+    tl.store(p_b, stored(b_M, p_M.dtype.element_ty), mask=m_d[:, None] & m_d[None, :])

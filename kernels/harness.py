@@ -1,0 +1,483 @@
+"""Property checks of any kernel against the reference it should match, within the bound of
+the precision model: the engine of tests/test_kernels_*.py, usable from pytest and the CLI.
+
+    python -m kernels.harness kernels:chebyshev solvers:chebyshev --strategy spd \\
+        --precision bfloat16 --model float32 --examples 50
+
+For every case a strategy draws, the inputs are rounded to ``precision`` (the kernel's input
+dtype); the kernel runs on them; the reference runs in float32 on the same values (widened
+exactly). For each output and system the error ``||kernel - reference||`` is held to
+
+    bound = (allowance(model) + allowance(float32)) * scale  +  u(out) ||kernel output||
+
+* ``allowance(arith) = analysis.precision.rounding_allowance(kappa, n, arith)``, the precision
+  model's bound on a stable solve's relative rounding error (docs/precision.md), once for
+  the kernel's arithmetic (``model``: "float32" for kernels that keep float32 iterates,
+  "bfloat16/storage" for kernels that store bf16 intermediates) and once for the float32
+  reference; their sum bounds the distance between the two runs (triangle inequality);
+* ``scale``: the strategy's bound on the size the relative error refers to, e.g.
+  ``||x*|| <= ||q|| / lambda_min`` for a solve;
+* the last term is the one rounding of the stored result to the kernel's output dtype.
+
+A NaN (an unwritten output: :func:`nan_poisoned_empty` fills fresh buffers with NaN) fails.
+hypothesis shrinks a failing case; the report names the worst error/bound ratio seen, the
+output and system where it occurred, and the shrunk counterexample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from hypothesis import Phase, assume, given, settings
+from hypothesis import strategies as st
+
+from analysis.precision import by_label, rounding_allowance
+from solvers import Arith, unit_roundoff
+
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+REFERENCE_ARITH = Arith(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------
+# NaN-poisoned allocation
+# ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def nan_poisoned_empty():
+    """Within the block, ``torch.empty`` returns floating buffers full of NaN (integers: -1),
+    so an output element a kernel forgot to write fails every comparison."""
+    real = torch.empty
+
+    def poisoned(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype != torch.bool:
+            t.fill_(-1)
+        return t
+
+    torch.empty = poisoned
+    try:
+        yield
+    finally:
+        torch.empty = real
+
+
+# ---------------------------------------------------------------------------------------
+# cases and strategies
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One drawn problem: float64 inputs (exact values before rounding), keyword options,
+    and a label for reports. Inputs are passed positionally in dict order."""
+
+    inputs: dict
+    options: dict
+    label: str
+
+    def __repr__(self) -> str:
+        return f"Case({self.label})"
+
+
+@dataclass
+class Strategy:
+    """How to draw cases and what bounds their outputs.
+
+    ``scales(case, rounded, arith_bound)`` returns one per-system tensor per output: the
+    bound on that output's error (before the output-rounding term). ``arith_bound(kappa, n)``
+    is the summed allowance of the kernel's model and the float32 reference; ``rounded``
+    holds the inputs as the kernel saw them (float64 values, on the device).
+    """
+
+    name: str
+    cases: st.SearchStrategy
+    outputs: tuple
+    core_dims: tuple
+    scales: Callable
+    doc: str = ""
+
+
+def _orthogonal(D: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    Q, R = torch.linalg.qr(torch.randn(n, D, D, dtype=torch.float64, generator=gen, device=gen.device))
+    return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1)).unsqueeze(-2)
+
+
+def spd_matrices(D: int, n: int, kappa: float, scale: float, gen: torch.Generator) -> torch.Tensor:
+    """n symmetric matrices ``Q diag(lam) Q^T`` with spectrum in [scale/kappa, scale], both
+    ends attained, the rest log-uniform; float64."""
+    Q = _orthogonal(D, n, gen)
+    t = torch.rand(n, D, dtype=torch.float64, generator=gen, device=gen.device)
+    if D >= 2:
+        t[:, 0], t[:, 1] = 0.0, 1.0
+    lam = scale * kappa ** (t - 1.0)
+    H = (Q * lam.unsqueeze(-2)) @ Q.transpose(-1, -2)
+    return (H + H.transpose(-1, -2)) / 2
+
+
+@st.composite
+def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent, methods, precision, device):
+    D = draw(st.sampled_from(sorted({1, 2, 3, 5, 8, 13, 16, 17, 64, 100, 128, max_d} & set(range(1, max_d + 1)))))
+    n = draw(st.sampled_from(sorted({1, 2, 3, 7, max_batch} & set(range(1, max_batch + 1)))))
+    batch = draw(st.sampled_from([(n,), (1, n), ()] if n == 1 else [(n,), (n, 1)]))
+    method = draw(st.sampled_from(methods)) if methods else None
+    reverse = method in ("reverse", "reverse_stored_omega")
+    kmax = min(max_kappa, 10.0) if method == "reverse" else max_kappa
+    kappa = draw(st.floats(1.5 if reverse else 1.0, kmax))
+    iters = draw(st.integers(0, min(max_iters, 6) if method == "reverse" else max_iters))
+    scale = draw(st.sampled_from([1.0, 1e-3, 37.5]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    loose = draw(st.sampled_from([1.0, 1.25]))
+    per_system = draw(st.booleans())
+    gen = torch.Generator(device=device).manual_seed(seed)
+    H = spd_matrices(D, max(1, math.prod(batch)), kappa, scale, gen).reshape(*batch, D, D)
+    q = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
+    # bounds from the spectrum of the matrix as rounded to the kernel's input dtype
+    ev = torch.linalg.eigvalsh(H.to(precision).to(torch.float64))
+    lo, hi = ev[..., 0], ev[..., -1]
+    assume(bool((lo > 0).all()))
+    inputs = {"H": H, "q": q}
+    if cotangent:
+        inputs["grad_x"] = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
+    options = {"iters": iters}
+    if bounds:
+        L, mu = hi * loose, lo / loose
+        if reverse:  # the reverse methods need L > mu strictly
+            L = torch.maximum(L, mu * 1.5)
+        if not per_system:
+            L, mu = float(L.max()), float(mu.min())
+        options.update(L=L, mu=mu)
+    if method:
+        options["method"] = method
+    label = (f"D={D} batch={batch} kappa~{kappa:.3g} scale={scale} iters={iters} seed={seed} "
+             f"loose={loose} per_system_bounds={per_system}" + (f" method={method}" if method else ""))
+    return Case(inputs, options, label)
+
+
+def _lam_min(H: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.eigvalsh(H)[..., 0]
+
+
+def _kappa(H: torch.Tensor, options: dict) -> torch.Tensor:
+    """The condition number the allowance uses: L/mu when the method is given bounds
+    (the iteration's behaviour depends on them), the matrix's own otherwise."""
+    if "L" in options:
+        L = torch.as_tensor(options["L"], dtype=torch.float64, device=H.device)
+        mu = torch.as_tensor(options["mu"], dtype=torch.float64, device=H.device)
+        return torch.broadcast_to(L / mu, H.shape[:-2])
+    ev = torch.linalg.eigvalsh(H)
+    return ev[..., -1] / ev[..., 0]
+
+
+def _solve_scales(case, rounded, arith_bound):
+    """x: ||x_kernel - x_ref|| <= allowances * ||x*||, ||x*|| <= ||q|| / lambda_min."""
+    H, q = rounded["H"], rounded["q"]
+    D = H.shape[-1]
+    return (arith_bound(_kappa(H, case.options), D) * q.norm(dim=-1) / _lam_min(H),)
+
+
+def spd(max_d: int = 16, max_batch: int = 4, max_iters: int = 30, max_kappa: float = 100.0,
+        bounds: bool = True, precision: torch.dtype = torch.bfloat16, device="cpu") -> Strategy:
+    """Batches of SPD systems ``H x = q`` with known spectrum (kappa up to ``max_kappa``),
+    for solvers called as ``f(H, q, *, [L, mu,] iters)``; ``bounds=False`` for CG.
+    ``precision``: the kernel's input dtype (L, mu enclose the rounded matrix's spectrum);
+    ``device``: where cases are generated (the GPU for large batches)."""
+    cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
+                      bounds=bounds, cotangent=False, methods=None, precision=precision, device=device)
+    return Strategy("spd" if bounds else "spd_nobounds", cases, ("x",), (1,), _solve_scales,
+                    doc="SPD systems; bound: allowances * ||q|| / lambda_min")
+
+
+def _omegas64(L, mu, iters, shape, device):
+    L = torch.broadcast_to(torch.as_tensor(L, dtype=torch.float64, device=device), shape)
+    mu = torch.broadcast_to(torch.as_tensor(mu, dtype=torch.float64, device=device), shape)
+    rho2 = ((L - mu) / (L + mu)) ** 2
+    w = [torch.full_like(rho2, 2.0)]
+    for _ in range(iters):
+        w.append(4.0 / (4.0 - rho2 * w[-1]))
+    return L, mu, torch.stack(w, -1)
+
+
+def reverse_growth(L, mu, iters: int, shape, recovered: bool, device="cpu") -> torch.Tensor:
+    """How much the reverse methods can amplify a rounding error, per system (float64).
+
+    GKA eq. (49) runs Algorithm 1's three-term recurrence backwards: its characteristic
+    roots have modulus sqrt(omega_i - 1) < 1 forwards, so backwards an error grows by
+    ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most r where the roots
+    coalesce: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``. With the weights recovered by
+    (47), ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by
+    ``4 / (rho^2 nu_i^2)``; their product ``G_nu`` scales every coefficient's error.
+    Returns R (times G_nu when ``recovered``).
+    """
+    L, mu, w = _omegas64(L, mu, iters, shape, device)
+    growth = torch.full(shape, float(max(iters, 1)), dtype=torch.float64, device=device)
+    if iters >= 2:
+        growth = growth * torch.prod((w[..., 2:] - 1.0) ** -0.5, dim=-1)
+    if recovered and iters >= 1:
+        rho2 = ((L - mu) / (L + mu)) ** 2
+        growth = growth * torch.prod(4.0 / (rho2.unsqueeze(-1) * w[..., 1:] ** 2), dim=-1).clamp(min=1.0)
+    return growth
+
+
+def adjoint_sum(H, q, g, L, mu, iters: int) -> torch.Tensor:
+    """``sum_{i=1..r} c_i ||lambda_i|| max_j ||xi_j||`` in float64 (GKA eq. (46), (48)): the
+    size of the terms dH = -sum c_i lambda_i xi_{i-1}^T adds up, before cancellation."""
+    shape = H.shape[:-2]
+    L, mu, w = _omegas64(L, mu, iters, shape, H.device)
+    step = (2.0 / (L + mu)).unsqueeze(-1)
+    xi_prev, xi = torch.zeros_like(q), step * q
+    xi_max = xi.norm(dim=-1)
+    for i in range(1, iters + 1):
+        wi = w[..., i].unsqueeze(-1)
+        xi_new = xi - wi * step * ((H @ xi.unsqueeze(-1)).squeeze(-1) - q) + (wi - 1.0) * (xi - xi_prev)
+        xi_prev, xi = xi, xi_new
+        xi_max = torch.maximum(xi_max, xi.norm(dim=-1))
+    total = torch.zeros(shape, dtype=torch.float64, device=H.device)
+    lam, lam_next = g, torch.zeros_like(g)
+    for i in range(iters, 0, -1):
+        wi = w[..., i].unsqueeze(-1)
+        c = wi * step
+        total = total + (c * lam).norm(dim=-1)
+        b_next = -(w[..., i + 1].unsqueeze(-1) - 1.0) if i < iters else torch.zeros_like(wi)
+        lam_prev = wi * lam - c * (H.transpose(-1, -2) @ lam.unsqueeze(-1)).squeeze(-1) + b_next * lam_next
+        lam_next, lam = lam, lam_prev
+    return total * xi_max
+
+
+def _backward_scales(case, rounded, arith_bound):
+    """dq = p_r(H) g (Lemma 2) is a solve-like map: allowances * 3 ||g|| / lambda_min (|p_r|
+    <= (1 + 2 R_a^{r+1}) / lambda_min on the spectrum). dH:
+    * implicit, dH = -dq x^T: allowances * (||dq|| ||x|| relative errors of both factors)
+      <= allowances * 2 * 9 ||g|| ||q|| / lambda_min^2;
+    * reverse methods: allowances * reverse_growth * 2 * adjoint_sum (errors in lambda_i and
+      in the rebuilt xi_{i-1}, each term c_i lambda_i xi_{i-1}^T)."""
+    H, q, g = rounded["H"], rounded["q"], rounded["grad_x"]
+    opts = case.options
+    D = H.shape[-1]
+    a = arith_bound(_kappa(H, opts), D)
+    lmin = _lam_min(H)
+    dq = a * 3.0 * g.norm(dim=-1) / lmin
+    method = opts["method"]
+    if method == "implicit":
+        return dq, a * 18.0 * g.norm(dim=-1) * q.norm(dim=-1) / lmin**2
+    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], method == "reverse", H.device)
+    dq = dq * (growth if method == "reverse" else 1.0)
+    return dq, a * growth * 2.0 * adjoint_sum(H, q, g, opts["L"], opts["mu"], opts["iters"])
+
+
+def spd_backward(max_d: int = 16, max_batch: int = 4, max_iters: int = 12, max_kappa: float = 100.0,
+                 methods=("implicit", "reverse", "reverse_stored_omega"),
+                 precision: torch.dtype = torch.bfloat16, device="cpu") -> Strategy:
+    """SPD systems with a cotangent, for backward passes ``f(H, q, grad_x, *, L, mu, iters,
+    method) -> (dq, dH)``; "reverse" cases keep kappa <= 10 and r <= 6 (its weights are
+    recovered through an unstable recurrence, see :func:`reverse_growth`)."""
+    cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
+                      bounds=True, cotangent=True, methods=tuple(methods), precision=precision, device=device)
+    return Strategy("spd_backward", cases, ("dq", "dH"), (1, 2), _backward_scales,
+                    doc="SPD systems + cotangent; bounds in _backward_scales")
+
+
+STRATEGIES = {
+    "spd": spd,
+    "spd_nobounds": lambda **kw: spd(bounds=False, **kw),
+    "spd_backward": spd_backward,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# running checks
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    """The error/bound ratio of one output of one system in one case."""
+
+    ratio: float
+    output: str
+    system: int
+    error: float
+    bound: float
+    case: str
+
+    def __str__(self) -> str:
+        return (f"ratio {self.ratio:.3g} (error {self.error:.3e} vs bound {self.bound:.3e}) "
+                f"in output {self.output!r}, system {self.system}, case {self.case}")
+
+
+@dataclass
+class Report:
+    kernel: str
+    reference: str
+    strategy: str
+    precision: str
+    model: str
+    examples: int = 0
+    worst: Optional[Finding] = None
+    failure: Optional[Finding] = None
+    error: Optional[str] = None
+    history: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None and self.error is None
+
+    def __str__(self) -> str:
+        head = (f"{self.kernel} vs {self.reference} | strategy {self.strategy} | inputs {self.precision} | "
+                f"model {self.model} | {self.examples} cases")
+        lines = [head, f"worst: {self.worst}" if self.worst else "worst: (no case ran)"]
+        if self.failure:
+            lines.append(f"FAILED, shrunk counterexample: {self.failure}")
+        if self.error:
+            lines.append(f"FAILED with an exception: {self.error}")
+        if self.passed:
+            lines.append("PASSED: every output within its bound")
+        return "\n".join(lines)
+
+
+def _to(v, device):
+    return v.to(device) if isinstance(v, torch.Tensor) else v
+
+
+def _tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: torch.dtype,
+             model: Arith, device) -> list:
+    """Run one case through both callables; returns one :class:`Finding` per output (the
+    worst system of each)."""
+    rounded_in = {k: v.to(precision).to(device) for k, v in case.inputs.items()}
+    ref_in = {k: v.to(torch.float32) for k, v in rounded_in.items()}
+    opts = {k: _to(v, device) for k, v in case.options.items()}
+    k_out = _tuple(kernel(*rounded_in.values(), **opts))
+    r_out = _tuple(reference(*ref_in.values(), **opts))
+    if len(k_out) != len(strategy.outputs) or len(r_out) != len(strategy.outputs):
+        raise AssertionError(f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel "
+                             f"and {len(r_out)} from the reference")
+    exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
+
+    def arith_bound(kappa, n):
+        kappa = torch.as_tensor(kappa, dtype=torch.float64)
+        return (rounding_allowance(1.0, n, model) + rounding_allowance(1.0, n, REFERENCE_ARITH)) * kappa
+
+    scales = strategy.scales(case, exact, arith_bound)
+    findings = []
+    for name, core, k, r, b in zip(strategy.outputs, strategy.core_dims, k_out, r_out, scales):
+        if k.shape != r.shape:
+            raise AssertionError(f"output {name!r}: kernel shape {tuple(k.shape)} != reference {tuple(r.shape)}")
+        dims = tuple(range(-core, 0))
+        k64, r64 = k.to(torch.float64), r.to(torch.float64)
+        err = torch.linalg.vector_norm(k64 - r64, dim=dims) if core else (k64 - r64).abs()
+        out_round = unit_roundoff(k.dtype) * torch.linalg.vector_norm(k64, dim=dims)  # one rounding of the result
+        bound = torch.broadcast_to(b.to(err.device), err.shape) + out_round
+        ratio = (err / bound).reshape(-1)
+        ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
+        if ratio.numel() == 0:
+            continue
+        j = int(torch.argmax(ratio))
+        findings.append(Finding(float(ratio[j]), name, j, float(err.reshape(-1)[j]), float(bound.reshape(-1)[j]),
+                                case.label))
+    return findings
+
+
+def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16", model: str = "float32",
+          examples: Optional[int] = None, device=None, poison: bool = True, shrink: bool = True) -> Report:
+    """Run the property check; never raises for a failing kernel (see the Report).
+
+    ``examples``: hypothesis max_examples (default: the loaded profile's); ``shrink=False``
+    reports the first failing case as drawn (fast, for tests of deliberately broken kernels).
+    """
+    dtype = PRECISIONS[precision]
+    arith = by_label(model)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    rep = Report(_name(kernel), _name(reference), strategy.name, precision, model)
+    state = {"last_failure": None}
+
+    def prop(case):
+        rep.examples += 1
+        ctx = nan_poisoned_empty() if poison else contextlib.nullcontext()
+        with ctx:
+            found = run_case(kernel, reference, strategy, case, precision=dtype, model=arith, device=device)
+        for f in found:
+            rep.history.append(f)
+            if rep.worst is None or f.ratio > rep.worst.ratio:
+                rep.worst = f
+        bad = [f for f in found if not f.ratio <= 1.0]
+        if bad:
+            state["last_failure"] = max(bad, key=lambda f: f.ratio)
+            raise AssertionError(str(state["last_failure"]))
+
+    run = given(strategy.cases)(prop)
+    overrides = {"report_multiple_bugs": False, "deadline": None}  # first calls compile kernels
+    if examples is not None:
+        overrides["max_examples"] = examples
+    if not shrink:
+        overrides["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    run = settings(**overrides)(run)
+    try:
+        run()
+    except AssertionError:
+        rep.failure = state["last_failure"]
+        if rep.failure is None:
+            raise
+    except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding, reported
+        rep.error = f"{type(e).__name__}: {e}"
+    return rep
+
+
+def assert_matches(kernel, reference, strategy: Strategy, **kw) -> Report:
+    """:func:`check`, raising AssertionError with the report when any output exceeds its bound."""
+    rep = check(kernel, reference, strategy, **kw)
+    if not rep.passed:
+        raise AssertionError(str(rep))
+    return rep
+
+
+def _name(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def load(spec: str):
+    """``"package.module:function"`` -> the function."""
+    mod, _, attr = spec.partition(":")
+    if not attr:
+        raise ValueError(f"expected module:function, got {spec!r}")
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.harness", description=__doc__.splitlines()[0])
+    ap.add_argument("kernel", help="module:function of the kernel under test")
+    ap.add_argument("reference", help="module:function of the reference it should match")
+    ap.add_argument("--strategy", choices=sorted(STRATEGIES), required=True)
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="bfloat16", help="kernel input dtype")
+    ap.add_argument("--model", default="float32", help="the kernel's arithmetic: float32 | bfloat16/storage | ...")
+    ap.add_argument("--examples", type=int, default=50)
+    ap.add_argument("--max-d", type=int, default=16)
+    ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    strat = STRATEGIES[args.strategy](max_d=args.max_d, max_batch=args.max_batch,
+                                      precision=PRECISIONS[args.precision], device=device)
+    rep = check(load(args.kernel), load(args.reference), strat, precision=args.precision, model=args.model,
+                examples=args.examples, device=device)
+    print(rep)
+    return 0 if rep.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
