@@ -38,18 +38,24 @@ def _prepare(z, bf16_mode: str) -> tuple[Arith, torch.Tensor]:
     return ar, ar.up(z)
 
 
+def _nonpositive(x: torch.Tensor) -> torch.Tensor:
+    """``-|x|`` written as a branch, so that autograd's derivative at 0 is that of the x >= 0
+    side (``abs`` has derivative 0 at 0, which would make d sigma/dz (0) come out 0)."""
+    return torch.where(x >= 0, -x, x)
+
+
 def _softplus(x: torch.Tensor) -> torch.Tensor:
     """``log(1 + e^x) = max(x, 0) + log1p(e^{-|x|})``, exact to a few ulps for every x.
 
     ``torch.nn.functional.softplus`` returns x itself above its threshold (20), a relative
     error of up to e^{-20}/20 ~ 1e-10: far above the float64 unit roundoff.
     """
-    return torch.clamp(x, min=0.0) + torch.log1p(torch.exp(-torch.abs(x)))
+    return torch.where(x >= 0, x, torch.zeros_like(x)) + torch.log1p(torch.exp(_nonpositive(x)))
 
 
 def _sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """``1/(1 + e^{-x})`` evaluated so that no exponential overflows."""
-    e = torch.exp(-torch.abs(x))
+    """``1/(1 + e^{-x})`` evaluated so that no exponential overflows (also under autograd)."""
+    e = torch.exp(_nonpositive(x))
     return torch.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 

@@ -224,3 +224,20 @@ def chunkwise_Bk(k, w, *, g=None, beta=None, chunk_size: int, cross: str = "corr
         out[n] = chunk_intra_Bk(H0s[n], K, G, w[..., s:e], bc) + coef.unsqueeze(-1) * (K @ Bt.transpose(-1, -2))
         Bt = torch.exp(G[..., -1])[..., None, None] * Bt + chunk_intra_Btilde(H0s[n], K, G, w[..., s:e], bc)
     return torch.cat(out, dim=-2) if out else torch.zeros(*B, 0, D, dtype=f64, device=kk.device)
+
+
+def first_step_matvec(H0: torch.Tensor, k1: torch.Tensor, gamma1, xi: torch.Tensor, *, form: str = "corrected"):
+    """``H_{[t]+1} xi`` from a chunk's initial state without forming ``H_{[t]+1}`` (Sec. 4.2.1).
+
+    ``"corrected"``: ``gamma_1 H_{[t]} xi + k_1 (k_1^T xi)``, as (CH) gives; ``"printed"``:
+    ``H_{[t]} xi + gamma_1 k_1 (k_1^T xi)``, the decay on the wrong term (docs/errata.md).
+    H0 ``(..., D, D)``, k1 and xi ``(..., D)``, gamma1 a float or ``(...)`` tensor.
+    """
+    if form not in ("corrected", "printed"):
+        raise ValueError(f"form must be 'corrected' or 'printed', got {form!r}")
+    gamma1 = torch.as_tensor(gamma1, dtype=H0.dtype, device=H0.device)
+    Hxi = (H0 @ xi.unsqueeze(-1)).squeeze(-1)
+    kkxi = k1 * (k1 * xi).sum(-1, keepdim=True)
+    if form == "printed":
+        return Hxi + gamma1.unsqueeze(-1) * kkxi
+    return gamma1.unsqueeze(-1) * Hxi + kkxi

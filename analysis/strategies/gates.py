@@ -57,9 +57,9 @@ def log_gate_values(draw, T: int, regime: str = "moderate"):
 
 def pre_activations(regime: str = "any"):
     """Hypothesis floats z for ``gamma = phi(z)``: ``any`` in [-40, 40]; ``near_zero`` gates
-    (sigmoid: z in [-40, -8]); ``near_one`` gates (z in [8, 40]); ``small`` |z| <= 1e-3
+    (sigmoid: z in [-45, -8]); ``near_one`` gates (z in [8, 40]); ``small`` |z| <= 1e-3
     (the balanced gate's phi -> 0)."""
-    ranges = {"any": (-40.0, 40.0), "near_zero": (-40.0, -8.0), "near_one": (8.0, 40.0), "small": (-1e-3, 1e-3)}
+    ranges = {"any": (-40.0, 40.0), "near_zero": (-45.0, -8.0), "near_one": (8.0, 40.0), "small": (-1e-3, 1e-3)}
     if regime not in ranges:
         raise ValueError(f"regime must be one of {tuple(ranges)}, got {regime!r}")
     lo, hi = ranges[regime]
