@@ -172,6 +172,8 @@ class ChebyshevSolve(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, H, q, L, mu, iters, backward, bf16_mode):
+        iters = check.count("iters", iters)
+        _check_method("backward", backward, METHODS[1:])
         sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
         if backward != "implicit":
             _check_reversible(sys, iters)
@@ -309,8 +311,7 @@ def _implicit(sys: System, g: torch.Tensor, iters: int, keep_trace: bool, x=None
             trace = {"iterates": list(fwd.iterates), "omegas": fwd.omegas}
         else:
             x = chebyshev(sys.H, sys.q, L=L, mu=mu, iters=iters, bf16_mode=mode)
-    one = torch.ones(sys.batch, dtype=ar.compute, device=x.device).unsqueeze(-1)
-    return ar.up(dq), -_outer(one, ar.up(dq), ar.up(x)), trace
+    return ar.up(dq), -(ar.up(dq).unsqueeze(-1) * ar.up(x).unsqueeze(-2)), trace
 
 
 def _autograd(H, q, g, L, mu, iters, bf16_mode, keep_trace):
