@@ -131,9 +131,10 @@ def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent
     batch = draw(st.sampled_from([(n,), (1, n), ()] if n == 1 else [(n,), (n, 1)]))
     method = draw(st.sampled_from(methods)) if methods else None
     reverse = method in ("reverse", "reverse_stored_omega")
-    kmax = min(max_kappa, 10.0) if method == "reverse" else max_kappa
-    kappa = draw(st.floats(1.5 if reverse else 1.0, kmax))
-    iters = draw(st.integers(0, min(max_iters, 6) if method == "reverse" else max_iters))
+    # the reverse methods in GKA's regime, kappa >= 10 (Remark 2): below it omega_i - 1 is
+    # small and eq. (49) amplifies errors by (omega_i - 1)^(-1/2) per step (reverse_growth)
+    kappa = draw(st.floats(10.0, max(10.0, max_kappa)) if reverse else st.floats(1.0, max_kappa))
+    iters = draw(st.integers(0, min(max_iters, 3) if method == "reverse" else max_iters))
     scale = draw(st.sampled_from([1.0, 1e-3, 37.5]))
     seed = draw(st.integers(0, 2**31 - 1))
     loose = draw(st.sampled_from([1.0, 1.25]))
@@ -207,25 +208,35 @@ def _omegas64(L, mu, iters, shape, device):
     return L, mu, torch.stack(w, -1)
 
 
-def reverse_growth(L, mu, iters: int, shape, recovered: bool, device="cpu") -> torch.Tensor:
-    """How much the reverse methods can amplify a rounding error, per system (float64).
-
-    GKA eq. (49) runs Algorithm 1's three-term recurrence backwards: its characteristic
-    roots have modulus sqrt(omega_i - 1) < 1 forwards, so backwards an error grows by
-    ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most r where the roots
-    coalesce: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``. With the weights recovered by
-    (47), ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by
-    ``4 / (rho^2 nu_i^2)``; their product ``G_nu`` scales every coefficient's error.
-    Returns R (times G_nu when ``recovered``).
-    """
+def reverse_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
+    """How much the rebuilt iterates of the reverse methods can amplify a rounding error, per
+    system (float64): GKA eq. (49) runs Algorithm 1's three-term recurrence backwards; on
+    [mu, L] its characteristic roots are complex with modulus sqrt(omega_i - 1) < 1
+    (omega_i lies between omega_1* and 2, where rho^2 omega^2 < 4 (omega - 1)), so backwards an
+    error grows by ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most r as the
+    roots coalesce when omega_i -> omega_1*: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``."""
     L, mu, w = _omegas64(L, mu, iters, shape, device)
     growth = torch.full(shape, float(max(iters, 1)), dtype=torch.float64, device=device)
     if iters >= 2:
         growth = growth * torch.prod((w[..., 2:] - 1.0) ** -0.5, dim=-1)
-    if recovered and iters >= 1:
-        rho2 = ((L - mu) / (L + mu)) ** 2
-        growth = growth * torch.prod(4.0 / (rho2.unsqueeze(-1) * w[..., 1:] ** 2), dim=-1).clamp(min=1.0)
     return growth
+
+
+def nu_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
+    """``G_nu``: how much the recovered weights of method "reverse" amplify one rounding.
+
+    (47) ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by
+    ``4 / (rho^2 nu_i^2)`` (omega_1* is a repelling fixed point of the reversed schedule);
+    ``G_nu`` is the sum over the steps of the products of these factors, so each recovered
+    weight carries a relative error <= G_nu u."""
+    L, mu, w = _omegas64(L, mu, iters, shape, device)
+    rho2 = ((L - mu) / (L + mu)) ** 2
+    total = torch.ones(shape, dtype=torch.float64, device=device)
+    prod = torch.ones_like(total)
+    for i in range(iters, 0, -1):
+        prod = prod * 4.0 / (rho2 * w[..., i] ** 2)
+        total = total + prod
+    return total
 
 
 def adjoint_sum(H, q, g, L, mu, iters: int) -> torch.Tensor:
@@ -259,7 +270,10 @@ def _backward_scales(case, rounded, arith_bound):
     * implicit, dH = -dq x^T: allowances * (||dq|| ||x|| relative errors of both factors)
       <= allowances * 2 * 9 ||g|| ||q|| / lambda_min^2;
     * reverse methods: allowances * reverse_growth * 2 * adjoint_sum (errors in lambda_i and
-      in the rebuilt xi_{i-1}, each term c_i lambda_i xi_{i-1}^T)."""
+      in the rebuilt xi_{i-1}, each term c_i lambda_i xi_{i-1}^T).
+    Method "reverse" recovers its weights with relative error <= G_nu u in each run
+    (nu_growth): one more rounding per step of size 2 G_nu u, so its allowances grow by the
+    factor (n + 1 + 2 G_nu) / (n + 1) (the allowance is proportional to n u_acc + u_store)."""
     H, q, g = rounded["H"], rounded["q"], rounded["grad_x"]
     opts = case.options
     D = H.shape[-1]
@@ -269,8 +283,11 @@ def _backward_scales(case, rounded, arith_bound):
     method = opts["method"]
     if method == "implicit":
         return dq, a * 18.0 * g.norm(dim=-1) * q.norm(dim=-1) / lmin**2
-    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], method == "reverse", H.device)
-    dq = dq * (growth if method == "reverse" else 1.0)
+    if method == "reverse":
+        g_nu = nu_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], H.device)
+        widen = (D + 1 + 2.0 * g_nu) / (D + 1)
+        a, dq = a * widen, dq * widen
+    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], H.device)
     return dq, a * growth * 2.0 * adjoint_sum(H, q, g, opts["L"], opts["mu"], opts["iters"])
 
 
@@ -278,8 +295,8 @@ def spd_backward(max_d: int = 16, max_batch: int = 4, max_iters: int = 12, max_k
                  methods=("implicit", "reverse", "reverse_stored_omega"),
                  precision: torch.dtype = torch.bfloat16, device="cpu") -> Strategy:
     """SPD systems with a cotangent, for backward passes ``f(H, q, grad_x, *, L, mu, iters,
-    method) -> (dq, dH)``; "reverse" cases keep kappa <= 10 and r <= 6 (its weights are
-    recovered through an unstable recurrence, see :func:`reverse_growth`)."""
+    method) -> (dq, dH)``. Reverse methods: kappa >= 10 (GKA Remark 2's regime); "reverse"
+    keeps r <= 3 (its weights come through an unstable recurrence, :func:`nu_growth`)."""
     cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
                       bounds=True, cotangent=True, methods=tuple(methods), precision=precision, device=device)
     return Strategy("spd_backward", cases, ("dq", "dH"), (1, 2), _backward_scales,
