@@ -34,7 +34,7 @@ def gamma(k: int, u: float) -> float:
     return k * u / (1 - k * u)
 
 
-def _rounding_product(k_acc: int, arith: Arith, k_store: int) -> float:
+def rounding_product(k_acc: int, arith: Arith, k_store: int) -> float:
     """Bound on ``|prod (1 + delta)^{+-1} - 1|`` over k_acc roundings at u_acc and k_store at u_store."""
     extra = k_store if (arith.dtype == torch.bfloat16 and not arith.strict) else 0
     return (1 + gamma(k_acc, arith.u_acc)) * (1 + gamma(extra, arith.u_store)) - 1
@@ -42,12 +42,12 @@ def _rounding_product(k_acc: int, arith: Arith, k_store: int) -> float:
 
 def cholesky_bound(n: int, arith: Arith) -> float:
     """Higham Thm 10.3: ``|G - L L^T| <= gamma_{n+1} |L| |L^T|`` (+2 bf16 stores in storage mode)."""
-    return _rounding_product(n + 1, arith, 2)
+    return rounding_product(n + 1, arith, 2)
 
 
 def substitution_bound(n: int, arith: Arith) -> float:
     """Higham Thm 8.5: ``(T + dT) x = b``, ``|dT| <= gamma_n |T|`` (+1 bf16 store in storage mode)."""
-    return _rounding_product(n, arith, 1)
+    return rounding_product(n, arith, 1)
 
 
 def cholesky_backward_error(G: torch.Tensor, L: torch.Tensor) -> float:

@@ -14,6 +14,9 @@ Bounds provided here (each a function, named where tests assert it):
 
 * :func:`power_ratio_bound`: ``sigma_max / sigma_power <= sqrt(1 + tan^2 theta_0 (s2/s1)^{4k})``
   for k steps of ``v <- A^T A v`` (the Rayleigh quotient argument for the symmetric A^T A);
+* :func:`statistics_bound`: every entry of a computed statistic is within
+  ``theta |sum|`` of the exact one, ``|sum|`` the sum of the absolute values of its terms
+  (:func:`absolute_statistics`), recursive summation (Higham Lemma 3.1 / eq. (4.4));
 * :func:`readout_scale`: ``S = |eta| gamma^K ||V||_2 ||z^q|| / sqrt(lambda_min(G~))``, an a-priori
   bound on ``||y||`` because ``||A_w|| <= 1`` and ``||C_v L^{-T}|| <= ||V||`` (docs/koopman.md);
   rounding is measured relative to it.
@@ -27,6 +30,9 @@ from typing import Optional
 import mpmath
 import torch
 
+from solvers._arith import Arith
+
+from .factor_bounds import gamma, rounding_product
 from .mp import DPS, precision, to_mp
 
 SCALE_FLOOR = 1e-6
@@ -125,6 +131,37 @@ def power_ratio_bound(A: mpmath.matrix, iters: int = 6, v0: Optional[mpmath.matr
     tan2 = (1 - c1 ** 2) / c1 ** 2
     s2 = s[1] if len(s) > 1 else mpmath.mpf(0)
     return float(mpmath.sqrt(1 + tan2 * (s2 / s[0]) ** (4 * iters)))
+
+
+def statistics_bound(additions: int, arith: Arith, r: int) -> float:
+    """``theta`` with ``|S_hat - S| <= theta |S|_abs`` for a statistic whose every term passes
+    through at most ``additions`` additions (keys of dimension r).
+
+    Roundings on one term ``z^_i z^_j``: m rounded to the compute dtype and z / m for each factor
+    (4), the product (1), the additions; stores of z^ (2) and of the result (1), bf16 storage
+    mode only; and m itself, a float64 norm (relative error <= gamma_{r/2+1}(2^-53) <=
+    gamma_{r+1}(2^-53), once per factor). Prefix / masked / stream: ``additions = T``;
+    chunk-causal: ``S + C`` (within the chunk, then across chunks) <= ``T + C``.
+    """
+    norm = gamma(r + 1, 2.0**-53)
+    return (1 + rounding_product(additions + 5, arith, 3)) * (1 + norm) ** 2 - 1
+
+
+def absolute_statistics(z: torch.Tensor, v: torch.Tensor, mask=None, scale=None, eps: float = 1e-3):
+    """``(eps I + sum |z^||z^|^T, sum |z^_t||z^_{t-1}|^T, sum |v||z^|^T)`` in float64 (batched).
+
+    The factors of :func:`statistics_bound`; float64 suffices, they only scale a bound.
+    """
+    z64, v64 = z.to(torch.float64).abs(), v.to(torch.float64).abs()
+    m = torch.linalg.vector_norm(z.to(torch.float64), dim=-1).amax(-1).clamp(min=SCALE_FLOOR) if scale is None else torch.as_tensor(scale, dtype=torch.float64)
+    zh = z64 / m[..., None, None]
+    w = torch.ones(z.shape[:-1], dtype=torch.float64) if mask is None else mask.to(torch.float64)
+    zw = zh * w[..., None]
+    pair = (w[..., 1:] * w[..., :-1])[..., None]
+    G = eps * torch.eye(z.shape[-1], dtype=torch.float64) + zw.mT @ zh
+    M = (zh[..., 1:, :] * pair).mT @ zh[..., :-1, :]
+    Cv = (v64 * w[..., None]).mT @ zh
+    return G, M, Cv
 
 
 @dataclass
