@@ -764,3 +764,18 @@ def test_e1_gram_bound_holds_at_prefill_not_at_frozen_decode():
     stream.update(10 * stream.scale * z[0] / z[0].norm(), v[0])  # ||z^|| = 10 > 1
     G = stream.statistics().G
     assert float(torch.linalg.eigvalsh(G).max()) > 7  # T = 7 tokens
+
+
+def test_erratum_chunk_causal_mode_leaks_the_future_through_m():
+    """Eqs. (7)-(10) estimate chunk c's operator 'from strictly preceding chunks', but eq. (3)'s
+    m = max_{s<=T} ||z_s|| is taken over the whole sequence: a later token changes earlier
+    outputs. With a scale that does not depend on later tokens (``scale=``) the mode is causal."""
+    z, v, zq = _data(T=24, seed=20)
+    late = z.clone()
+    late[-1] = 10 * late[-1]  # only the last token (chunk 3) changes
+    queries = zq.expand(4, 4, 6)
+    printed = [koopman_readout(chunk_causal_statistics(x, v, chunk_size=6), queries) for x in (z, late)]
+    assert float((printed[0][1] - printed[1][1]).abs().max()) > 1e-3  # chunk 1 output moved
+    m = float(sequence_max_scale(z[:6]))  # e.g. frozen after the first chunk
+    fixed = [koopman_readout(chunk_causal_statistics(x, v, chunk_size=6, scale=m), queries) for x in (z, late)]
+    assert torch.equal(fixed[0][:3], fixed[1][:3])  # chunks 0-2 cannot see token 23
