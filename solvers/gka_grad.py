@@ -44,7 +44,10 @@ F64 = torch.float64
 class GKAGrads:
     """Gradients of ``sum_t <dy_t, y_t>``; dg / dbeta are None when the gate was not given.
 
-    ``x``, ``dq_solve`` (= dq), ``w`` (Lemma 1's w_t) are kept for the chunkwise checks."""
+    ``x`` and ``w`` (Lemma 1's w_t) are kept for the chunkwise checks; ``dg_scale`` and
+    ``dbeta_scale`` are dg and dbeta summed from the absolute values of their terms: both
+    cancel (dg_1 = 0 exactly; dbeta = 0 for T = 1, where y does not depend on beta), so a
+    rounding bound needs the scale of what cancelled."""
 
     dq: torch.Tensor
     dk: torch.Tensor
@@ -53,6 +56,8 @@ class GKAGrads:
     dbeta: Optional[torch.Tensor]
     x: torch.Tensor
     w: torch.Tensor
+    dg_scale: Optional[torch.Tensor] = None
+    dbeta_scale: Optional[torch.Tensor] = None
 
 
 def reverse_decay_sum(X: torch.Tensor, gamma: Optional[torch.Tensor]) -> torch.Tensor:
@@ -151,12 +156,21 @@ def gka_implicit_grads(q, k, v, dy, *, a: float, g=None, beta=None) -> GKAGrads:
     kPk = (k64 * _mv(P, k64)).sum(-1)
     vQk = (v64 * _mv(Q, k64)).sum(-1)
     dbeta = None if inp.beta is None else kPk + vQk
-    dg = None
+    dbeta_scale = None if inp.beta is None else kPk.abs() + vQk.abs()
+    dg = dg_scale = None
     if inp.g is not None:
         own = (dH * H).sum((-1, -2)) + (dU * U).sum((-1, -2))
-        dG = own - (kPk + vQk) * (1.0 if beta64 is None else beta64)  # (22), H_0 = 0
-        dg = torch.flip(torch.cumsum(torch.flip(dG, [-1]), -1), [-1])
-    return GKAGrads(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, x=x, w=w)
+        b = 1.0 if beta64 is None else beta64
+        dG = own - (kPk + vQk) * b  # (22), H_0 = 0
+        dg = _reverse_cumsum(dG)
+        dg_scale = _reverse_cumsum((dH * H).sum((-1, -2)).abs() + (dU * U).sum((-1, -2)).abs()
+                                   + (kPk.abs() + vQk.abs()) * b)
+    return GKAGrads(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, x=x, w=w, dg_scale=dg_scale, dbeta_scale=dbeta_scale)
+
+
+def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``out_t = sum_{i >= t} x_i`` (``dg_t = sum_{i >= t} dG_i`` since ``G_i = sum_{t <= i} g_t``)."""
+    return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
 
 
 def gka_autograd_grads(q, k, v, dy, *, a: float, g=None, beta=None) -> GKAGrads:
