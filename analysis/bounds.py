@@ -93,6 +93,20 @@ def chebyshev_bound_for_constants(step, rho2, lam_min, lam_max, i) -> torch.Tens
     return torch.where(rho_p > 0, cheb, richardson)
 
 
+def with_evaluation_slack(bound, i) -> torch.Tensor:
+    """A bound as evaluated here, widened by its own float64 evaluation error, for comparison
+    with mpmath-measured errors.
+
+    ``exp(-log T_k)`` with ``log T_k`` up to ~745 carries a relative error of ~``|log bound| u``
+    (u = 2^-53), the powers ``R^i`` likewise ``i u``; the measured errors bottom out at ~1e-31
+    (double-double ground truth). Spectral ends must be widened by the caller
+    (``analysis.checks.spectral_interval``).
+    """
+    b = _t(bound)
+    logb = torch.log(b.clamp_min(torch.finfo(_F64).tiny)).abs()
+    return b * (1.0 + 2.0**-50 * (8.0 + logb + _t(i))) + 1e-30
+
+
 def gd_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*|| / ||x*|| <= ((kappa - 1)/(kappa + 1))^i``: gradient descent with step
     2/(L + mu) (solvers/gradient.py; Nesterov 2004, Thm 2.1.15 specialised to quadratics)."""
@@ -164,4 +178,5 @@ __all__ = [
     "omega_gap_bound",
     "omega_star",
     "rho",
+    "with_evaluation_slack",
 ]

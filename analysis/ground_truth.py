@@ -26,17 +26,21 @@ mpmath values are returned as double-double pairs (:class:`HighPrecision`, ~32 d
 to measure float64 rounding (~1e-16) with full relative accuracy, and vectorised.
 
 Cost (gmpy backend, one core): a mp matvec is ~0.03 ms at D=8, ~0.07 ms at D=12, ~0.4 ms at
-D=32 (~7 ms at D=128); Cholesky ~1 ms, ~2 ms, ~13 ms (~1 s at D=128). A 100-iteration replay
-of one D=12 system takes ~10 ms. Results are cached on disk, one file per system, under
+D=32 (~7 ms at D=128); Cholesky ~1 ms, ~2 ms, ~13 ms (~1 s at D=128); the symmetric
+eigenvalues (``mpmath.eigsy``) ~20 ms, ~45 ms, ~0.26 s. A 100-iteration replay of one D=12
+system takes ~10 ms. Results are cached on disk, one file per system, under
 ``.cache/ground_truth/`` (``SVT_CACHE_DIR`` overrides the folder), keyed by a hash of the
-stored bytes, the method, the constants, the iteration count, dps and this module's source;
+stored bytes, the method, the constants, the iteration count, dps and the source of the code
+that computes the cached values;
 ``SVT_NO_CACHE=1`` disables the cache, ``SVT_RECOMPUTE=1`` (or ``recompute=True``, or the
 CLI's ``--recompute``) recomputes and overwrites.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import os
 import pathlib
 import tempfile
@@ -58,7 +62,6 @@ METHODS = ("chebyshev", "cg", "gd", "agd")
 SOLVERS = {"chebyshev": chebyshev_solver, "cg": cg_solver, "gd": gd_solver, "agd": agd_solver}
 NEEDS_BOUNDS = {"chebyshev": True, "cg": False, "gd": True, "agd": True}
 
-_SOURCE_HASH = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- values
@@ -102,8 +105,8 @@ class HighPrecision:
 class ExactSolution:
     """The >= 50-digit solution of each stored system, and the stored matrix's spectrum.
 
-    x: ``(*batch, D)``; eigenvalues: ``(*batch, D)`` ascending, float64 ``eigvalsh`` of the
-    stored values (absolute error ~1e-16 ||H||); spd: the mp Cholesky succeeded (the stored
+    x: ``(*batch, D)``; eigenvalues: ``(*batch, D)`` ascending, of the stored (symmetric)
+    matrix, computed in mpmath and rounded to float64; spd: the mp Cholesky succeeded (the stored
     matrix is positive definite -- bf16 rounding can destroy that at large kappa; those
     systems are solved by mp LU instead).
     """
@@ -274,8 +277,15 @@ def _recompute_requested(recompute: bool) -> bool:
     return recompute or os.environ.get("SVT_RECOMPUTE", "") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def _code_digest() -> str:
+    """Hash of the code whose output is cached: editing any of it invalidates the cache."""
+    code = (_solve_one, _replay_one, HighPrecision.from_mp, *_REPLAYS.values())
+    return hashlib.sha256("".join(inspect.getsource(f) for f in code).encode()).hexdigest()[:16]
+
+
 def _key(*parts) -> str:
-    h = hashlib.sha256(_SOURCE_HASH.encode())
+    h = hashlib.sha256(_code_digest().encode())
     for p in parts:
         if isinstance(p, torch.Tensor):
             h.update(p.detach().to("cpu", torch.float64).contiguous().numpy().tobytes())
@@ -337,8 +347,10 @@ def _solve_one(Hi: torch.Tensor, qi: torch.Tensor, dps: int) -> dict:
                 x = mpmath.matrix([mpmath.nan] * Hi.shape[-1])
         values = [x[i] for i in range(Hi.shape[-1])]
         hp = HighPrecision.from_mp(values, (Hi.shape[-1],))
-    eig = torch.linalg.eigvalsh(Hi.detach().to("cpu", torch.float64))
-    return {"hi": hp.hi, "lo": hp.lo, "eig": eig, "spd": torch.tensor(spd)}
+        # mp eigenvalues, each then rounded once to float64: relative (not ||H||-relative)
+        # accuracy 2^-53, which the bounds evaluated at lam_min need at large kappa.
+        eig = sorted(float(v) for v in mpmath.eigsy(A, eigvals_only=True)) if Hi.shape[-1] else []
+    return {"hi": hp.hi, "lo": hp.lo, "eig": torch.tensor(eig, dtype=torch.float64), "spd": torch.tensor(spd)}
 
 
 def exact_solution(H: torch.Tensor, q: torch.Tensor, *, dps: int = amp.DPS, recompute: bool = False) -> ExactSolution:
@@ -378,7 +390,8 @@ def _replay_one(method, Hi, qi, xi_star, iters, consts, dps) -> dict:
             eHe = _dot(e, _matvec(H, e))
             trunc_H.append(float(mpmath.sqrt(eHe / xHx)) if xHx > 0 and eHe >= 0 else float("nan"))
         hp = HighPrecision.from_mp([v for x in its for v in x], (iters + 1, D))
-    return {"hi": hp.hi, "lo": hp.lo, "trunc": torch.tensor(trunc), "trunc_H": torch.tensor(trunc_H)}
+    return {"hi": hp.hi, "lo": hp.lo, "trunc": torch.tensor(trunc, dtype=torch.float64),
+            "trunc_H": torch.tensor(trunc_H, dtype=torch.float64)}
 
 
 def replay(

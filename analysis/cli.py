@@ -1,0 +1,398 @@
+"""``python -m analysis``: the main job -- verification table, figures, claims, report.
+
+Subcommands (``python -m analysis --help``):
+
+* ``verify``  -- the verification table: every family in ``analysis.verification.FAMILIES``,
+  printed and saved as CSV, JSON and markdown under ``<out>/verification/``;
+* ``report`` (the default) -- ``verify``, then every figure in ``analysis.figures.FIGURES``,
+  then the claims table (when ``proofs_check`` is installed), and ``<out>/report.md``;
+* ``claims`` -- the claim catalogue (``proofs_check.runner.main``); extra arguments pass through;
+* ``allowance`` -- the survey behind the rounding allowance's constant (``analysis.allowance``);
+* one subcommand per figure module, named by its ``NAME``.
+
+Common flags: ``--quick`` (small problems; the default without a GPU), ``--full``,
+``--recompute`` (ignore cached ground truth and figure data), ``--out DIR`` (default ``reports``).
+Progress goes to stderr as one line per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import importlib
+import io
+import json
+import math
+import os
+import pathlib
+import sys
+import time
+import traceback
+from typing import Optional
+
+from . import verification
+from .figures import FIGURES
+from .verification.row import VerificationRow
+
+DEFAULT_OUT = pathlib.Path("reports")
+
+
+# -------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """One stderr line per step: ``[elapsed] message``; overwritten in place on a terminal."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+        self.inplace = self.stream.isatty()
+
+    def __call__(self, message: str) -> None:
+        line = f"[{time.perf_counter() - self.start:6.1f}s] {message}"
+        if self.inplace:
+            self.stream.write("\r\x1b[2K" + line[:150])
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self, message: str) -> None:
+        if self.inplace:
+            self.stream.write("\r\x1b[2K")
+        self(message)
+        if self.inplace:
+            self.stream.write("\n")
+
+
+# ---------------------------------------------------------------------- verification
+
+
+def verdict(row: VerificationRow) -> str:
+    """``holds`` / ``FAILS (...)`` / ``no guarantee``: the allowance says nothing once it is >= 1
+    (relative error 1 = no accuracy; analysis.precision.allowance_applies)."""
+    if row.truncation > row.truncation_bound:
+        return "FAILS (truncation)"
+    if not (row.rounding_bound < 1.0):
+        return "no guarantee"
+    if row.rounding > row.rounding_bound:
+        return "FAILS (rounding)"
+    return "holds"
+
+
+def _ratio(row: VerificationRow) -> float:
+    """rounding / (kappa (n u_acc + u_store)): the measured constant of the allowance."""
+    from .precision import by_label
+
+    try:
+        arith = by_label(row.precision)
+    except ValueError:
+        return float("nan")
+    unit = row.kappa * (row.n * arith.u_acc + arith.u_store)
+    return row.rounding / unit if unit > 0 else float("nan")
+
+
+def collect_rows(quick: bool, progress: Progress) -> tuple:
+    rows, failures = [], []
+    for name in verification.FAMILIES:
+        progress(f"verify: family {name}")
+        t = time.perf_counter()
+        try:
+            module = importlib.import_module(f"{verification.__name__}.{name}")
+            got = module.rows(quick)
+        except Exception as exc:  # one broken family must not hide the others
+            failures.append((name, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            progress(f"verify: family {name} FAILED: {exc}")
+            continue
+        rows.extend(got)
+        progress(f"verify: family {name}: {len(got)} rows in {time.perf_counter() - t:.1f}s")
+    return rows, failures
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.2e}"
+    return "" if v is None else str(v)
+
+
+COLUMNS = ("solver", "precision", "problem", "n", "kappa", "iters", "forward_error", "backward_error",
+           "truncation", "truncation_bound", "rounding", "rounding_bound", "ratio", "verdict")
+
+
+def table_rows(rows: list) -> list:
+    out = []
+    for r in rows:
+        d = {k: getattr(r, k) for k in COLUMNS if hasattr(r, k)}
+        d["ratio"] = _ratio(r)
+        d["verdict"] = verdict(r)
+        out.append(d)
+    return out
+
+
+def format_table(rows: list, markdown: bool = False) -> str:
+    data = [[_fmt(d[c]) for c in COLUMNS] for d in table_rows(rows)]
+    heads = [c.replace("_error", "").replace("_bound", " bound") for c in COLUMNS]
+    if markdown:
+        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        lines += ["| " + " | ".join(r) + " |" for r in data]
+        return "\n".join(lines) + "\n"
+    widths = [max(len(h), *(len(r[i]) for r in data)) if data else len(h) for i, h in enumerate(heads)]
+    fmt = "  ".join(f"{{:{w}}}" for w in widths)
+    return "\n".join([fmt.format(*heads), fmt.format(*("-" * w for w in widths))] + [fmt.format(*r) for r in data]) + "\n"
+
+
+VERIFY_LEGEND = """\
+forward = ||x - x*||/||x*|| (x* exact, >= 50 digits, of the stored inputs); backward =
+||q - A x||/(||A||_2 ||x|| + ||q||); truncation = mp replay vs x* at the iterate where
+truncation/bound is worst (CG: H-norm); rounding = working vs mp replay, max over iterates
+(CG: final forward error); rounding bound = c kappa (n u_acc + u_store), c = {c:g}
+(docs/precision.md); ratio = rounding / (kappa (n u_acc + u_store)), the measured constant;
+"no guarantee": the allowance is >= 1 (c kappa (n u_acc + u_store) >= 1).
+"""
+
+
+def write_verification(rows: list, failures: list, out_dir: pathlib.Path) -> list:
+    from .precision import ALLOWANCE_C
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trows = table_rows(rows)
+    csv_path = out_dir / "verification.csv"
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(COLUMNS) + ["notes"])
+        w.writeheader()
+        for r, d in zip(rows, trows):
+            w.writerow({**d, "notes": r.notes})
+    json_path = out_dir / "verification.json"
+    payload = {"allowance_c": ALLOWANCE_C,
+               "rows": [{**r.as_dict(), "verdict": d["verdict"], "ratio": d["ratio"]} for r, d in zip(rows, trows)],
+               "family_failures": [{"family": n, "error": e} for n, e, _ in failures]}
+    json_path.write_text(json.dumps(payload, indent=1, default=float))
+    md_path = out_dir / "verification.md"
+    md = ["# Verification table", "", VERIFY_LEGEND.format(c=ALLOWANCE_C), format_table(rows, markdown=True)]
+    if failures:
+        md += ["", "## Families that failed to run", ""] + [f"* `{n}`: {e}" for n, e, _ in failures]
+    md_path.write_text("\n".join(md))
+    return [csv_path, json_path, md_path]
+
+
+def run_verify(args, progress: Progress) -> tuple:
+    rows, failures = collect_rows(args.quick, progress)
+    files = write_verification(rows, failures, args.out / "verification")
+    return rows, failures, files
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def figure_modules() -> list:
+    return [importlib.import_module(f"analysis.figures.{name}") for name in FIGURES]
+
+
+def run_figure(module, args, progress: Progress) -> tuple:
+    progress(f"figure {module.NAME}: running")
+    t = time.perf_counter()
+    try:
+        files = list(module.run(args.out / "figures", quick=args.quick, recompute=args.recompute))
+    except Exception as exc:
+        progress(f"figure {module.NAME} FAILED: {type(exc).__name__}: {exc}")
+        return [], f"{type(exc).__name__}: {exc}"
+    progress(f"figure {module.NAME}: {len(files)} files in {time.perf_counter() - t:.1f}s")
+    return files, None
+
+
+# ---------------------------------------------------------------------------- claims
+
+
+def claims_main():
+    """``proofs_check.runner.main`` if it is installed, else None."""
+    try:
+        runner = importlib.import_module("proofs_check.runner")
+    except ImportError:
+        return None
+    return getattr(runner, "main", None)
+
+
+def run_claims(argv: list, out_dir: Optional[pathlib.Path]) -> tuple:
+    """Run the claim catalogue; returns (exit code or None if unavailable, captured table)."""
+    main = claims_main()
+    if main is None:
+        return None, "proofs_check is not available (no proofs_check.runner.main)"
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            code = main(list(argv))
+    except SystemExit as exc:  # argparse inside the runner
+        code = exc.code if isinstance(exc.code, int) else 2
+    text = buf.getvalue()
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "claims.txt").write_text(text)
+    return code, text
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def summary_table(rows: list) -> str:
+    """Per solver and precision: verdict counts, worst forward error, worst measured constant."""
+    groups = {}
+    for r, d in zip(rows, table_rows(rows)):
+        groups.setdefault((r.solver, r.precision), []).append((r, d))
+    lines = ["| solver | precision | rows | holds | no guarantee | fails | worst forward error | worst ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (solver, prec), items in groups.items():
+        verdicts = [d["verdict"] for _, d in items]
+        fails = sum(v.startswith("FAILS") for v in verdicts)
+        fwd = max((r.forward_error for r, _ in items), default=float("nan"))
+        ratios = [d["ratio"] for _, d in items if not math.isnan(d["ratio"])]
+        lines.append(f"| {solver} | {prec} | {len(items)} | {verdicts.count('holds')} | "
+                     f"{verdicts.count('no guarantee')} | {fails} | {_fmt(fwd)} | {_fmt(max(ratios, default=float('nan')))} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(args, rows, failures, figures, claims, timings) -> pathlib.Path:
+    from .precision import ALLOWANCE_C
+
+    out = args.out
+    lines = ["# Verification report", "",
+             f"Mode: {'quick' if args.quick else 'full'}; rounding allowance constant c = {ALLOWANCE_C:g} "
+             "([docs/precision.md](../docs/precision.md)).", "",
+             "## Summary per solver and precision", "", summary_table(rows),
+             "Full table: [verification/verification.md](verification/verification.md) "
+             "([csv](verification/verification.csv), [json](verification/verification.json)).", ""]
+    if failures:
+        lines += ["Families that failed to run: " + ", ".join(f"`{n}` ({e})" for n, e, _ in failures), ""]
+    lines += ["## Figures", ""]
+    if not figures:
+        lines.append("No figure modules are registered (analysis/figures/__init__.py FIGURES).")
+    for module, files, error in figures:
+        lines.append(f"### {module.NAME}")
+        lines.append("")
+        lines.append(module.HELP)
+        lines.append("")
+        if error:
+            lines.append(f"**Failed:** {error}")
+        for f in files:
+            rel = os.path.relpath(f, out)
+            lines.append(f"![{module.NAME}]({rel})" if str(f).endswith(".png") else f"* [{pathlib.Path(rel).name}]({rel})")
+        lines.append("")
+    lines += ["## Claims", ""]
+    code, text = claims
+    if code is None:
+        lines.append(text)
+    else:
+        lines += [f"`python -m proofs_check` exit status {code} ([claims/claims.txt](claims/claims.txt)).", "",
+                  "```", text.rstrip(), "```"]
+    lines += ["", "## Timings", ""] + [f"* {k}: {v:.1f} s" for k, v in timings.items()]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--quick", dest="quick", action="store_true", default=d(None),
+                   help="small problems, a few seconds per family (default without a GPU)")
+    g.add_argument("--full", dest="quick", action="store_false", default=d(None),
+                   help="the full problem sets (default with a GPU)")
+    parser.add_argument("--recompute", action="store_true", default=d(False),
+                        help="ignore cached ground truth and figure data")
+    parser.add_argument("--out", type=pathlib.Path, default=d(DEFAULT_OUT), metavar="DIR",
+                        help=f"output folder (default: {DEFAULT_OUT})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(p, suppress=False)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_ in (("verify", "the verification table (every solver x precision vs mpmath)"),
+                        ("report", "verify + every figure + claims -> <out>/report.md (default)"),
+                        ("allowance", "the survey behind the rounding allowance's constant c")):
+        _common(sub.add_parser(name, help=help_), suppress=True)
+    c = sub.add_parser("claims", help="the claim catalogue (proofs_check); extra arguments pass through")
+    _common(c, suppress=True)
+    for module in figure_modules():
+        _common(sub.add_parser(module.NAME, help=module.HELP), suppress=True)
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "claims":
+        parser.error(f"unrecognised arguments: {' '.join(extra)}")
+    args.command = args.command or "report"
+    if args.quick is None:
+        import torch
+
+        args.quick = not torch.cuda.is_available()
+    if args.recompute:
+        os.environ["SVT_RECOMPUTE"] = "1"  # read by analysis.ground_truth
+    progress = Progress()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    if args.command == "verify":
+        rows, failures, files = run_verify(args, progress)
+        progress.done(f"verify: {len(rows)} rows -> {files[-1]}")
+        print(format_table(rows))
+        bad = [r for r in rows if verdict(r).startswith("FAILS")]
+        return 1 if bad or failures else 0
+
+    if args.command == "claims":
+        code, text = run_claims(extra, args.out / "claims")
+        print(text)
+        return 0 if code is None else int(code)
+
+    if args.command == "allowance":
+        from . import allowance
+
+        results = allowance.survey(quick=args.quick, progress=progress)
+        md = allowance.as_markdown(results)
+        (args.out / "allowance.md").write_text(md)
+        progress.done(f"allowance -> {args.out / 'allowance.md'}")
+        print(md)
+        return 0
+
+    modules = {m.NAME: m for m in figure_modules()}
+    if args.command in modules:
+        files, error = run_figure(modules[args.command], args, progress)
+        progress.done(f"{args.command}: {len(files)} files")
+        for f in files:
+            print(f)
+        return 1 if error else 0
+
+    # report
+    timings = {}
+    t = time.perf_counter()
+    rows, failures, _ = run_verify(args, progress)
+    timings["verify"] = time.perf_counter() - t
+    figures = []
+    for module in modules.values():
+        t = time.perf_counter()
+        files, error = run_figure(module, args, progress)
+        timings[f"figure {module.NAME}"] = time.perf_counter() - t
+        figures.append((module, files, error))
+    t = time.perf_counter()
+    progress("claims: running")
+    claims = run_claims([], args.out / "claims")
+    timings["claims"] = time.perf_counter() - t
+    path = write_report(args, rows, failures, figures, claims, timings)
+    progress.done(f"report -> {path}")
+    print(summary_table(rows))
+    print(f"report: {path}")
+    bad = any(verdict(r).startswith("FAILS") for r in rows) or failures or any(e for _, _, e in figures)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
