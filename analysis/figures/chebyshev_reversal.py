@@ -1,0 +1,127 @@
+"""Stability of the four Chebyshev backward passes (GKA appendix E.1, Algorithm 2, Remark 2).
+
+For ``solvers.chebyshev_backward`` with ``method`` in autograd / implicit / reverse /
+reverse_stored_omega, on ``analysis.chebyshev_backward.spd_problem(D, kappa)`` (geometric
+spectrum, stored in the working dtype, L and mu of the stored matrix), against the mpmath
+gradient of the truncated loop (``analysis.chebyshev_backward.measure``, which is stricter than
+float64 autograd: it has no rounding at all):
+
+* relative error of dq (solid) and dH (dashed) vs r, one panel per (precision, kappa);
+* the reverse methods' reconstructions: the rebuilt xi_0 (reverse_stored_omega, eq. (49)) and
+  the recovered weight nu_1 (reverse, eq. (47)), with their amplification estimates
+  ``u_acc A_r`` (``reversal_amplification``, ~R_a^-r) and ``u_acc Gamma_r``
+  (``omega_recovery_amplification``, ~R_a^-2r) as thin lines.
+
+The implicit method's dH differs from the loop's by a truncation term even without rounding
+(``implicit_dH_gap_bound``): its dH curve falls with r like the forward error, not to the
+rounding floor. Paper (Remark 2): the reversal "can be done stably" since -b_i is in [0.25, 1].
+The table holds the rebuilt xi_0 at kappa = 51, r = 30 (GKA's setting) to the precision
+model's rounding allowance ``c kappa (n u_acc + u_store)``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from analysis import chebyshev_backward as cb
+from analysis.precision import PRECISIONS, by_label, rounding_allowance
+
+from . import _common as C
+
+NAME = "chebyshev_reversal"
+HELP = "Chebyshev backward (autograd/implicit/reverse/reverse_stored_omega): dq, dH, rebuilt xi_0, nu_1 errors vs r, kappa"
+
+METHOD_COLORS = {"autograd": "tab:blue", "implicit": "tab:green", "reverse": "tab:red",
+                 "reverse_stored_omega": "tab:purple"}
+GKA_KAPPA, GKA_ITERS = 51.0, 30
+
+
+def params_for(quick: bool) -> dict:
+    if quick:
+        return {"kappas": [10.0, 51.0, 1000.0], "iters": [5, 10, 20, 30], "D": 8}
+    return {"kappas": [10.0, 51.0, 1000.0], "iters": [2, 5, 10, 15, 20, 30, 40, 50], "D": 16}
+
+
+def compute(params: dict) -> dict:
+    cells = []
+    for arith in PRECISIONS:
+        for kappa in params["kappas"]:
+            for r in params["iters"]:
+                try:
+                    found = cb.measure(arith, kappa, r, params["D"])
+                except ValueError:
+                    continue  # H indefinite once rounded (bf16 at large kappa): no problem to measure
+                cells += [c.__dict__ for c in found]
+    return {"cells": cells}
+
+
+def _bound_lines(kappa: float, iters: list, u: float) -> tuple:
+    L, mu = kappa, 1.0
+    return ([u * cb.reversal_amplification(L, mu, r) for r in iters],
+            [u * cb.omega_recovery_amplification(L, mu, r) for r in iters])
+
+
+def paper_rows(params: dict, data: dict) -> list:
+    rows = []
+    for arith in PRECISIONS:
+        at = {(c["method"], c["kappa"], c["iters"]): c for c in data["cells"] if c["precision"] == arith.label}
+        key = ("reverse_stored_omega", GKA_KAPPA, GKA_ITERS)
+        if key not in at:
+            continue
+        allow = rounding_allowance(GKA_KAPPA, params["D"], arith)
+        applies = allow < 1.0  # beyond 1 the allowance guarantees nothing (analysis.precision)
+        why = "" if applies else "; allowance >= 1 does not apply"
+        xi0 = at[key]["xi0_error"]
+        rows.append(C.PaperRow(f"rebuilt xi_0 rel. error, kappa = 51, r = 30 ({arith.label})", "stable (Remark 2)",
+                               f"{xi0:.1e} (allowance {allow:.1e})", (xi0 <= allow) if applies else None,
+                               "reverse_stored_omega, eq. (49)" + why))
+        nu1 = at[("reverse", GKA_KAPPA, GKA_ITERS)]["nu1_error"]
+        rows.append(C.PaperRow(f"recovered nu_1 rel. error, kappa = 51, r = 30 ({arith.label})", "stable (eq. (47))",
+                               f"{nu1:.1e}", (nu1 <= allow) if applies else None,
+                               "reverse, eq. (47): omega_1* repels the reversed map" + why))
+    return rows
+
+
+def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
+    labels = [a.label for a in PRECISIONS]
+    kappas, its = params["kappas"], params["iters"]
+    fig, axes = C.subplots(len(kappas), len(labels), width=4.2, height=3.1)
+    for i, label in enumerate(labels):
+        u = by_label(label).u_acc
+        for j, kappa in enumerate(kappas):
+            ax = axes[i][j]
+            mine = [c for c in data["cells"] if c["precision"] == label and c["kappa"] == kappa]
+            if not mine:
+                ax.text(0.5, 0.5, "H indefinite once rounded", ha="center", transform=ax.transAxes)
+            for method, col in METHOD_COLORS.items():
+                cs = sorted((c for c in mine if c["method"] == method), key=lambda c: c["iters"])
+                rs = [c["iters"] for c in cs]
+                ax.plot(rs, C.positive([c["dq_error"] for c in cs]), color=col, marker="o", ms=3, label=f"{method} dq")
+                ax.plot(rs, C.positive([c["dH_error"] for c in cs]), color=col, ls="--", marker="x", ms=3,
+                        label=f"{method} dH")
+            rso = sorted((c for c in mine if c["method"] == "reverse_stored_omega"), key=lambda c: c["iters"])
+            rev = sorted((c for c in mine if c["method"] == "reverse"), key=lambda c: c["iters"])
+            ax.plot([c["iters"] for c in rso], C.positive([c["xi0_error"] for c in rso]), color="black", lw=1.6,
+                    label="rebuilt xi_0")
+            ax.plot([c["iters"] for c in rev], C.positive([c["nu1_error"] for c in rev]), color="gray", lw=1.6,
+                    label="recovered nu_1")
+            amp_xi, amp_nu = _bound_lines(kappa, its, u)
+            ax.plot(its, amp_xi, color="black", lw=0.7, ls=":", label="u_acc A_r")
+            ax.plot(its, amp_nu, color="gray", lw=0.7, ls=":", label="u_acc Gamma_r")
+            C.finish_axis(ax, xlabel="iterations r" if i == len(labels) - 1 else "",
+                          ylabel=f"{label}: rel. error" if j == 0 else "", title=f"{label}, kappa = {kappa:g}",
+                          legend=(i == 0 and j == 0), legend_size=5.5)
+            ax.set_ylim(1e-17, 1e4)
+    files = C.save_figure(fig, out_dir, NAME, f"Chebyshev backward passes vs the mpmath gradient of the loop (D = {params['D']})")
+    files.append(C.write_csv(out_dir / f"{NAME}.csv", data["cells"]))
+    table = paper_rows(params, data)
+    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table],
+                 "amplification": {str(k): {"A_r": [cb.reversal_amplification(k, 1.0, r) for r in its],
+                                            "Gamma_r": [cb.omega_recovery_amplification(k, 1.0, r) for r in its]}
+                                   for k in kappas}}))
+    files += C.write_paper_table(out_dir, NAME, table)
+    return files
+
+
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
+    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
