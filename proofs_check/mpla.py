@@ -32,12 +32,17 @@ def exact_tol() -> mpmath.mpf:
     return mpf(10) ** -30
 
 
+def num(x) -> mpmath.mpf:
+    """A float (exactly) or an mpf (unchanged: mpmath.diff perturbs below float resolution)."""
+    return x if isinstance(x, mpmath.mpf) else mpf(float(x))
+
+
 def mat(rows: Sequence[Sequence[float]]) -> mpmath.matrix:
-    return mpmath.matrix([[mpf(float(x)) for x in row] for row in rows])
+    return mpmath.matrix([[num(x) for x in row] for row in rows])
 
 
 def vec(xs: Sequence[float]) -> mpmath.matrix:
-    return mpmath.matrix([mpf(float(x)) for x in xs])
+    return mpmath.matrix([num(x) for x in xs])
 
 
 def eye(n: int) -> mpmath.matrix:

@@ -82,14 +82,16 @@ def rel64(a: torch.Tensor, b: torch.Tensor) -> float:
     return d / nb if nb > 0 else d
 
 
-def mp_tensor(m, dtype=F64) -> torch.Tensor:
-    """An mpmath matrix/column as a float64 tensor (rounded once): a column becomes 1-D."""
-    rows = [[float(m[i, j]) for j in range(m.cols)] for i in range(m.rows)]
-    t = torch.tensor(rows, dtype=F64)
-    if m.cols == 1:
-        t = t.reshape(-1)
-    return t.to(dtype)
+def mp_matrix_tensor(m, dtype=F64) -> torch.Tensor:
+    """An mpmath matrix as a 2-D tensor (each entry rounded once)."""
+    return torch.tensor([[float(m[i, j]) for j in range(m.cols)] for i in range(m.rows)], dtype=F64).to(dtype)
+
+
+def mp_vector_tensor(m, dtype=F64) -> torch.Tensor:
+    """An mpmath column as a 1-D tensor (each entry rounded once)."""
+    return torch.tensor([float(m[i]) for i in range(m.rows)], dtype=F64).to(dtype)
 
 
 def mpf(x) -> mpmath.mpf:
-    return mpmath.mpf(float(x)) if not isinstance(x, mpmath.mpf) else x
+    """A float exactly, an mpf unchanged."""
+    return x if isinstance(x, mpmath.mpf) else mpmath.mpf(float(x))
