@@ -240,7 +240,7 @@ def chunk_causal_statistics(
     Cv_c = _accumulate(ar, torch.zeros(*batch, C, P, r, dtype=ar.compute, device=z.device), V, Z)
     eye = ar.scalar(eps) * torch.eye(r, dtype=ar.compute, device=z.device)
     G = _exclusive_prefix(eye.expand(*batch, r, r), G_c)
-    M = _exclusive_prefix(zero_rr[..., 0, :, :], M_c)
+    M = _exclusive_prefix(torch.zeros(*batch, r, r, dtype=ar.compute, device=z.device), M_c)
     Cv = _exclusive_prefix(torch.zeros(*batch, P, r, dtype=ar.compute, device=z.device), Cv_c)
     scale_c = m.unsqueeze(-1).expand(*batch, C)
     return KoopmanStatistics(ar.store(G), ar.store(M), ar.store(Cv), scale_c, eps, bf16_mode)
@@ -248,9 +248,12 @@ def chunk_causal_statistics(
 
 def _exclusive_prefix(init: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """``out_c = init + sum_{i<c} X_i`` over the chunk axis (-3), summed left to right."""
-    outs = [init]
-    for c in range(X.shape[-3] - 1):
-        outs.append(outs[-1] + X[..., c, :, :])
+    outs, acc = [], init
+    for c in range(X.shape[-3]):
+        outs.append(acc)
+        acc = acc + X[..., c, :, :]
+    if not outs:
+        return X + init.unsqueeze(-3)  # no chunks: an empty (..., 0, a, b) result
     return torch.stack(outs, dim=-3)
 
 
@@ -470,7 +473,10 @@ def spectral_normalize(A, *, gamma=1.0, sigma: str = "power", iters: int = POWER
         raise ValueError(f"sigma must be 'power' or 'exact', got {sigma!r}")
     ar = Arith(A.dtype, bf16_mode)
     g = ar.scalar(_gamma(gamma, A.shape[:-2], A.device))
-    exact = torch.linalg.matrix_norm(A.to(torch.float64), ord=2) if A.shape[-1] else torch.zeros(A.shape[:-2], dtype=torch.float64)
+    if A.shape[-1]:
+        exact = torch.linalg.matrix_norm(A.to(torch.float64), ord=2)
+    else:
+        exact = torch.zeros(A.shape[:-2], dtype=torch.float64, device=A.device)
     if sigma == "power":
         s = power_sigma_max(A, iters=iters, v0=v0, bf16_mode=bf16_mode)
     else:

@@ -14,7 +14,6 @@ The errata checks (docs/errata.md, "Echo / Spectral Koopman Attention") keep the
 """
 
 import math
-import warnings
 
 import mpmath
 import pytest
@@ -368,6 +367,22 @@ def test_whitened_operator_norm_below_one(seed, T, r, dyn, mode):
     assert bool((_sigma_max(A) <= 1 - 1e-3 / lam_max + slack).all())
 
 
+@given(seed=st.integers(0, 2**16), T=st.integers(0, 12), r=st.integers(1, 6), eps=st.sampled_from([1e-3, 1e-1]))
+def test_props_a2_a4_ridge_shrinkage_and_positive_definiteness(seed, T, r, eps):
+    """Lemma A.4: lambda_min(G~) >= eps; Prop. A.2: M G~^{-1} = M V diag(1/(sigma_j + eps)) V^T."""
+    z, v, _ = _data(T=T, r=r, seed=seed)
+    s = koopman_statistics(z, v, eps=eps)
+    lam = torch.linalg.eigvalsh(s.G)
+    tol = rounding_allowance(1.0, max(T, r), PRECISIONS[0]) * float(lam.max())  # float64 sums + eigvalsh
+    assert float(lam.min()) >= eps - tol
+    G = s.G - eps * torch.eye(r, dtype=F64)
+    sig, V = torch.linalg.eigh(G)
+    shrunk = s.M @ V @ torch.diag(1 / (sig + eps)) @ V.mT
+    direct = s.M @ torch.linalg.inv(s.G)
+    kappa = float(torch.linalg.cond(s.G))
+    assert float((shrunk - direct).abs().max()) <= rounding_allowance(kappa, r, PRECISIONS[0]) * max(float(direct.abs().max()), 1e-300)
+
+
 def test_printed_eq11_operator_can_exceed_one():
     """Eq. (11) names M G^{-1} 'A_w'; unlike L^{-1} M L^{-T} its norm is not bounded by 1."""
     z, v, _ = _data(T=30, seed=0)
@@ -612,6 +627,8 @@ def test_inputs_are_not_modified_and_empty_batches_work():
     assert e.G.shape == (0, 3, 3) and koopman_readout(e, torch.zeros(0, 1, 3)).shape == (0, 1, 2)
     t0 = koopman_statistics(torch.zeros(0, 3, dtype=F64), torch.zeros(0, 2, dtype=F64))
     assert torch.equal(t0.G, 1e-3 * torch.eye(3, dtype=F64))
+    c0 = chunk_causal_statistics(torch.zeros(0, 3, dtype=F64), torch.zeros(0, 2, dtype=F64), chunk_size=4)
+    assert c0.G.shape == (0, 3, 3) and c0.Cv.shape == (0, 2, 3) and c0.scale.shape == (0,)
 
 
 # ============================================================== errata (docs/errata.md)
