@@ -158,7 +158,7 @@ def empty_out(shape, dtype, device) -> torch.Tensor:
 
 
 # Matrix-vector product modes of kernels._matvec (kept in sync with its constants).
-FMA, DOT3, DOT_TF32 = 0, 1, 2
+FMA, DOT3, DOT_TF32, FMA_HT, DOT3_T = 0, 1, 2, 3, 4
 
 
 def matvec_mode(dtype: torch.dtype, precision: str, tensor_cores) -> int:

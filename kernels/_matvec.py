@@ -24,6 +24,12 @@ import triton.language as tl
 FMA: tl.constexpr = tl.constexpr(0)
 DOT3: tl.constexpr = tl.constexpr(1)
 DOT_TF32: tl.constexpr = tl.constexpr(2)
+# Variants timed by benchmarks/kernel_variants.py, not chosen by any public option:
+# FMA_HT computes H^T x (= H x only for symmetric H): its reduction runs across the rows of
+# the coalesced layout, few lanes apart, where FMA's runs along them, across 16 lanes;
+# DOT3_T computes x^T H^T on tensor cores with the iterate as the 16-row A operand.
+FMA_HT: tl.constexpr = tl.constexpr(3)
+DOT3_T: tl.constexpr = tl.constexpr(4)
 
 # Triton's CPU interpreter multiplies bfloat16 tl.dot operands as raw 16-bit patterns (seen
 # with Triton 3.9), so under it DOT3 widens both operands to fp32 first: the same products,
@@ -55,6 +61,15 @@ def matvec(b_H, b_x, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
             b_y = tl.sum(tl.dot(b_H.to(tl.float32), b_X.to(tl.float32), input_precision="ieee"), axis=1)
         else:
             b_y = tl.sum(tl.dot(b_H, b_X, out_dtype=tl.float32), axis=1)
+    elif MODE == DOT3_T:
+        b_X = tl.trans(split_columns(b_x, BLOCK_D))
+        b_Ht = tl.trans(b_H)
+        if INTERPRETED:
+            b_y = tl.sum(tl.dot(b_X.to(tl.float32), b_Ht.to(tl.float32), input_precision="ieee"), axis=0)
+        else:
+            b_y = tl.sum(tl.dot(b_X, b_Ht, out_dtype=tl.float32), axis=0)
+    elif MODE == FMA_HT:
+        b_y = tl.sum(b_H * b_x[:, None], axis=0)
     elif MODE == DOT_TF32:
         o_c = tl.arange(0, DOT_N)[None, :]
         b_X = tl.where(o_c == 0, b_x[:, None], 0.0)
@@ -86,10 +101,13 @@ def rmatvec(b_H, b_x, MODE: tl.constexpr, BLOCK_D: tl.constexpr):
 def load_matrix(p_H, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.constexpr):
     """System i_n's matrix as a zero-padded register block in the layout MODE multiplies with."""
     o_d = tl.arange(0, BLOCK_D)
-    m_d = o_d < D
     p_b = p_H + i_n * (D * D) + o_d[:, None] * D + o_d[None, :]
-    b_H = tl.load(p_b, mask=m_d[:, None] & m_d[None, :], other=0.0)
-    if MODE == FMA:
+    if D == BLOCK_D:  # no mask: lets the compiler use 16-byte loads
+        b_H = tl.load(p_b)
+    else:
+        m_d = o_d < D
+        b_H = tl.load(p_b, mask=m_d[:, None] & m_d[None, :], other=0.0)
+    if MODE == FMA or MODE == FMA_HT:
         b_H = b_H.to(tl.float32)
     return b_H
 
@@ -98,7 +116,11 @@ def load_matrix(p_H, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr, MODE: tl.const
 def load_vector(p_x, i_n, D: tl.constexpr, BLOCK_D: tl.constexpr):
     """System i_n's vector, widened to float32, zero beyond D."""
     o_d = tl.arange(0, BLOCK_D)
-    return tl.load(p_x + i_n * D + o_d, mask=o_d < D, other=0.0).to(tl.float32)
+    if D == BLOCK_D:
+        b_x = tl.load(p_x + i_n * D + o_d)
+    else:
+        b_x = tl.load(p_x + i_n * D + o_d, mask=o_d < D, other=0.0)
+    return b_x.to(tl.float32)
 
 
 @triton.jit

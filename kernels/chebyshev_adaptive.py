@@ -19,7 +19,7 @@ from solvers import _validate as check
 from solvers.ridge import _ridge_strength
 
 from . import _launch as launch
-from ._matvec import FMA, load_matrix, load_vector, matvec, store_vector
+from ._matvec import load_matrix, load_vector, matvec, store_vector
 
 
 @triton.jit
@@ -30,10 +30,7 @@ def adaptive_kernel(
     i_n = tl.program_id(0).to(tl.int64)
     b_H = load_matrix(p_H, i_n, D, BLOCK_D, MODE)
     b_q = load_vector(p_q, i_n, D, BLOCK_D)
-    if MODE == FMA:
-        b_H32 = b_H
-    else:
-        b_H32 = b_H.to(tl.float32)
+    b_H32 = b_H.to(tl.float32)
     b_fro = tl.sqrt(tl.sum(tl.sum(b_H32 * b_H32, axis=1), axis=0))
     tl.store(p_fro + i_n, b_fro)
     # eq. (4) in float64, each constant rounded once to float32

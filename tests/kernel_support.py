@@ -42,7 +42,7 @@ def small(factory, precision, **kw):
 
 def large(factory, precision, **kw):
     """A strategy at GPU sizes: D up to 128, thousands of systems, generated on the GPU."""
-    return factory(max_d=128, max_batch=4096, precision=DTYPES[precision], device="cuda", **kw)
+    return factory(max_d=128, max_batch=2048, precision=DTYPES[precision], device="cuda", **kw)
 
 
 def broken_fails(kernel, reference, strategy, precision="float32"):
