@@ -324,8 +324,12 @@ class KoopmanStream:
         batch, r, P = self.G.shape[:-2], self.G.shape[-1], self.Cv.shape[-2]
         if z_t.shape[-1] != r or v_t.shape[-1] != P:
             raise ValueError(f"z_t must be (..., {r}) and v_t (..., {P}), got {tuple(z_t.shape)}, {tuple(v_t.shape)}")
-        z_t = z_t.expand(*batch, r)
-        v_t = v_t.expand(*batch, P)
+        try:
+            z_t = z_t.expand(*batch, r)
+            v_t = v_t.expand(*batch, P)
+        except RuntimeError:
+            raise ValueError(f"z_t {tuple(z_t.shape)} and v_t {tuple(v_t.shape)} do not broadcast to the "
+                             f"stream's batch {tuple(batch)}") from None
         w = torch.ones(batch, dtype=torch.bool, device=z_t.device)
         if mask is not None:
             if not isinstance(mask, torch.Tensor):

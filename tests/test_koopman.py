@@ -596,6 +596,21 @@ def test_statistics_bad_input():
         koopman_statistics(z[0], v)
 
 
+def test_stream_bad_input():
+    stream = KoopmanStream(4, 2, scale=1.0, dtype=F64, batch_shape=(3,))
+    with pytest.raises(TypeError, match="like the stream"):
+        stream.update(torch.ones(3, 4), torch.ones(3, 2))
+    with pytest.raises(ValueError, match=r"z_t must be \(\.\.\., 4\)"):
+        stream.update(torch.ones(3, 5, dtype=F64), torch.ones(3, 2, dtype=F64))
+    with pytest.raises(ValueError, match="do not broadcast"):
+        stream.update(torch.ones(2, 4, dtype=F64), torch.ones(2, 2, dtype=F64))
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        KoopmanStream(4, 2, scale=-1.0)
+    with pytest.raises(ValueError, match="non-finite"):
+        stream.update(torch.full((3, 4), float("nan"), dtype=F64), torch.ones(3, 2, dtype=F64))
+    assert stream.tokens == 0 and not stream.M.any()
+
+
 def test_breakdown_raises_without_info_and_is_a_status_with_it():
     r = 3
     G = -torch.eye(r, dtype=F64).expand(2, r, r).clone()
