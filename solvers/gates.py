@@ -148,10 +148,12 @@ class BalancedGate:
         ar, zc = _prepare(z, bf16_mode)
         s, n, pos = self._parts(ar, zc)
         inv = 1.0 / s
-        near_one = torch.log1p(-inv)
-        # n <= 0 gives log(0) = -inf or NaN; only the phi = 0 branch may reach the output.
+        use_log1p = inv <= 0.5
+        # Each branch only sees inputs it is accurate for, so that neither an unused value nor
+        # its derivative (under autograd) can be infinite: log1p(-1) or log(0) would give NaN.
+        near_one = torch.log1p(-torch.where(use_log1p, inv, torch.zeros_like(inv)))
         general = torch.log(torch.where(pos, n, torch.ones_like(n))) - torch.log(s)
-        out = torch.where(inv <= 0.5, near_one, general)
+        out = torch.where(use_log1p, near_one, general)
         return ar.store(torch.where(pos, out, torch.full_like(out, -math.inf)))
 
     def log_derivative(self, z, *, bf16_mode: str = "storage") -> torch.Tensor:

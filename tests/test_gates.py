@@ -14,7 +14,7 @@ import math
 import mpmath
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from analysis.precision import PRECISIONS
@@ -101,6 +101,8 @@ def test_gate_functions_match_mpmath(gate, arith):
 @pytest.mark.parametrize("gate", ALL_GATES, ids=GATE_IDS)
 @given(z=pre_activations("any"))
 def test_derivatives_match_autograd(gate, z):
+    # below 1e-150, z^2 is subnormal and autograd's 1/(a z^2) overflows to inf (ours does not)
+    assume(abs(z) > 1e-150 or z == 0)
     zt = torch.tensor([z], dtype=F64, requires_grad=True)
     for fn, dfn in (("value", "derivative"), ("log_value", "log_derivative")):
         out = getattr(gate, fn)(zt)
