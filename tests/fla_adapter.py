@@ -39,8 +39,7 @@ def main():
     alpha = torch.rand(B, T, H, device="cuda") * 0.1 + 0.9
     eta = torch.rand(B, T, H, device="cuda") + 0.5
     o, S = kla_via_fla(q, k, v, alpha=alpha, eta=eta)
-    ro, rS = solvers.kla_recurrent(q.float(), k.float(), v.float(), alpha=alpha.bfloat16().float(),
-                                   eta=eta.bfloat16().float())
+    ro, rS = solvers.kla_recurrent(q.float(), k.float(), v.float(), alpha=alpha, eta=eta)
     print("fla chunk_gated_delta_rule as KLA vs solvers.kla_recurrent (float32 on the bf16 inputs):")
     print(f"  o: rel err {float((o.float() - ro).norm() / ro.norm()):.3e}   S_T: rel err "
           f"{float((S.float() - rS).norm() / rS.norm()):.3e}   shapes {tuple(o.shape)} {tuple(S.shape)}")
