@@ -14,10 +14,10 @@ class Status(enum.IntEnum):
 
     COMPLETED = 0  # a fixed iteration count ran to the end (no tolerance was asked for)
     CONVERGED = 1  # the requested tolerance was met
-    MAX_ITERS_REACHED = 2  # a tolerance was asked for and not met
-    BREAKDOWN = 3  # a divisor vanished (e.g. p^T H p = 0 in CG with r != 0)
-    NONFINITE = 4  # an iterate became non-finite (overflow in low precision)
-    JITTERED = 5  # a factorisation failed and succeeded only after adding jitter
+    JITTERED = 2  # a factorisation failed and succeeded only after adding jitter
+    MAX_ITERS_REACHED = 3  # a tolerance was asked for and not met
+    BREAKDOWN = 4  # a divisor vanished (e.g. p^T H p = 0 in CG with r != 0)
+    NONFINITE = 5  # an iterate became non-finite (overflow in low precision)
 
 
 @dataclass

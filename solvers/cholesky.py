@@ -87,18 +87,13 @@ class CholeskyInfo:
         return worst_status(self.system_status)
 
 
-# Severity, worst first. Not the enum's numeric order: JITTERED (5) was appended after
-# BREAKDOWN (3) but a jittered success is better than a breakdown.
-_SEVERITY = (Status.NONFINITE, Status.BREAKDOWN, Status.JITTERED, Status.MAX_ITERS_REACHED,
-             Status.CONVERGED, Status.COMPLETED)
-
-
 def worst_status(system_status: torch.Tensor) -> Status:
-    """The worst per-system status of a batch (COMPLETED for an empty batch)."""
-    for s in _SEVERITY:
-        if bool((system_status == int(s)).any()):
-            return s
-    return Status.COMPLETED
+    """The worst per-system status of a batch (COMPLETED for an empty batch).
+
+    ``Status`` is ordered by severity, so this is the maximum code."""
+    if system_status.numel() == 0:
+        return Status.COMPLETED
+    return Status(int(system_status.max()))
 
 
 def _factor(ar: Arith, G: torch.Tensor, jitter: float):
