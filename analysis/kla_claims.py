@@ -60,13 +60,13 @@ def _kla_step(Sd, k, v, eta, eps):
 def theorem1(S_prev, alpha, k, v, *, directions: int = 8, seed: int = 0, dps: int = amp.DPS) -> dict:
     """Thm. 1 (eta = 1, eps = 0) for ``k != 0``. Gaps are 0 when the statement holds; slacks >= 0.
 
-    constraint: ``||S_t^T k - v||``; orthogonality: ``max_j |<S_t - S~, H_j>| / (||S_t - S~|| ||H_j||)``
+    constraint: ``||S_t^T k - v||``; orthogonality: ``max_j |<S_t - S~, H_j>| / (||S_t - S~|| ||X_j||)``
     over tangent directions ``H_j = (I - k k^T/||k||^2) X_j`` (Gaussian X_j); projection_slack:
     ``min_j ||S_t + H_j - S~||^2 - ||S_t - S~||^2`` (>= 0, part (i)); line_search_derivative: ``dL/dtau``
     at ``tau* = 1/||k||^2``; eq4_gap: ``max_tau |L(S(tau)) - (1 - tau ||k||^2)^2 ||e||^2 / 2|``;
     line_search_slack: ``min_tau L(S(tau)) - L(S(tau*))`` (>= 0, part (ii)); sgd_gap:
     ``||S_t - (S~ - grad L(S~) / ||k||^2)||_F`` (part (iii))."""
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1_000_003)  # a stream apart from the caller's data
     with amp.precision(dps):
         Sd, km, vm = _decayed(S_prev, alpha), _m(k), _m(v)
         S_t, e, _ = _kla_step(Sd, km, vm, 1, 0)
@@ -76,8 +76,10 @@ def theorem1(S_prev, alpha, k, v, *, directions: int = 8, seed: int = 0, dps: in
         proj = mpmath.eye(km.rows) - km * km.T / kk
         ortho, slack = mpmath.mpf(0), mpmath.inf
         for _ in range(directions):
-            H = proj * _m(torch.randn(Sd.rows, Sd.cols, generator=g, dtype=torch.float64))
-            ortho = max(ortho, abs(_inner(delta, H)) / (_fro(delta) * _fro(H)))
+            # Relative to ||X||, not ||H||: H = 0 when X is parallel to k (and always for d_k = 1).
+            X = _m(torch.randn(Sd.rows, Sd.cols, generator=g, dtype=torch.float64))
+            H = proj * X
+            ortho = max(ortho, abs(_inner(delta, H)) / (_fro(delta) * _fro(X)))
             slack = min(slack, _fro(S_t + H - Sd) ** 2 - _fro(delta) ** 2)
         taus = [mpmath.mpf(x) / kk for x in (-1, 0, 0.5, 0.9, 1.1, 1.5, 3)]
         path = lambda tau: Sd + tau * km * e.T  # noqa: E731
