@@ -1,0 +1,166 @@
+"""``python -m analysis``: subcommands, flags, files written, verdicts, discovery of figures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import types
+
+import pytest
+
+from analysis import cli, verification
+from analysis.verification.row import VerificationRow
+
+
+def _row(**kw):
+    base = dict(solver="fake", precision="float32", problem="p", n=4, kappa=10.0, iters=3, forward_error=1e-7,
+                backward_error=1e-8, truncation=0.1, truncation_bound=0.2, rounding=1e-7, rounding_bound=1e-4)
+    base.update(kw)
+    return VerificationRow(**base)
+
+
+@pytest.fixture
+def fake_family(monkeypatch):
+    """A family module ``analysis.verification.fake`` whose rows the test chooses."""
+    mod = types.ModuleType("analysis.verification.fake")
+    mod.ROWS = [_row()]
+    mod.rows = lambda quick: list(mod.ROWS)
+    monkeypatch.setitem(sys.modules, "analysis.verification.fake", mod)
+    monkeypatch.setattr(verification, "FAMILIES", ["fake"])
+    return mod
+
+
+@pytest.fixture
+def fake_figure(monkeypatch):
+    mod = types.ModuleType("analysis.figures.fake_fig")
+    mod.NAME, mod.HELP = "fake_fig", "a fake figure for the CLI tests"
+    mod.calls = []
+
+    def run(out_dir, *, quick, recompute):
+        mod.calls.append((quick, recompute))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "fake_fig.png").write_bytes(b"png")
+        (out_dir / "fake_fig.csv").write_text("a\n1\n")
+        return [out_dir / "fake_fig.png", out_dir / "fake_fig.csv"]
+
+    mod.run = run
+    monkeypatch.setitem(sys.modules, "analysis.figures.fake_fig", mod)
+    monkeypatch.setattr(cli, "FIGURES", ["fake_fig"])
+    return mod
+
+
+@pytest.fixture
+def fake_claims(monkeypatch):
+    seen = []
+
+    def main(argv):
+        seen.append(list(argv))
+        print("claim  verdict\nlemma3 holds")
+        return 0
+
+    monkeypatch.setattr(cli, "claims_main", lambda: main)
+    return seen
+
+
+def test_verify_writes_table_files_and_prints(tmp_path, fake_family, capsys):
+    assert cli.main(["verify", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "forward" in out and "holds" in out
+    d = tmp_path / "verification"
+    rows = list(csv.DictReader((d / "verification.csv").open()))
+    assert rows[0]["solver"] == "fake" and rows[0]["verdict"] == "holds"
+    assert float(rows[0]["ratio"]) == pytest.approx(1e-7 / (10.0 * (4 * 2.0**-24 + 2.0**-24)))
+    payload = json.loads((d / "verification.json").read_text())
+    assert payload["rows"][0]["verdict"] == "holds"
+    assert "| fake | float32 |" in (d / "verification.md").read_text()
+
+
+@pytest.mark.parametrize("row,verdict,code", [
+    (dict(rounding=1e-3), "FAILS (rounding)", 1),
+    (dict(truncation=0.3), "FAILS (truncation)", 1),
+    (dict(rounding=0.5, rounding_bound=2.0), "no guarantee", 0),
+])
+def test_verdicts_and_exit_code(tmp_path, fake_family, row, verdict, code):
+    fake_family.ROWS = [_row(**row)]
+    assert cli.verdict(fake_family.ROWS[0]) == verdict
+    assert cli.main(["verify", "--out", str(tmp_path)]) == code
+
+
+def test_a_family_that_raises_is_reported_not_fatal(tmp_path, monkeypatch, capsys):
+    mod = types.ModuleType("analysis.verification.broken")
+    mod.rows = lambda quick: 1 / 0
+    monkeypatch.setitem(sys.modules, "analysis.verification.broken", mod)
+    monkeypatch.setattr(verification, "FAMILIES", ["broken"])
+    assert cli.main(["verify", "--out", str(tmp_path)]) == 1
+    assert "ZeroDivisionError" in (tmp_path / "verification" / "verification.md").read_text()
+
+
+def test_report_runs_verify_figures_claims(tmp_path, fake_family, fake_figure, fake_claims, capsys):
+    assert cli.main(["--quick", "--out", str(tmp_path)]) == 0  # report is the default command
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# Verification report")
+    assert "| fake | float32 | 1 | 1 | 0 | 0 |" in report  # summary per solver and precision
+    assert "![fake_fig](figures/fake_fig.png)" in report and "figures/fake_fig.csv" in report
+    assert "lemma3 holds" in report and (tmp_path / "claims" / "claims.txt").exists()
+    assert fake_figure.calls == [(True, False)]
+    assert fake_claims == [[]]
+
+
+def test_report_without_proofs_check(tmp_path, fake_family, monkeypatch):
+    monkeypatch.setattr(cli, "FIGURES", [])
+    monkeypatch.setattr(cli, "claims_main", lambda: None)
+    assert cli.main(["report", "--out", str(tmp_path)]) == 0
+    assert "proofs_check is not available" in (tmp_path / "report.md").read_text()
+
+
+def test_figure_subcommand_and_flags(tmp_path, fake_figure, monkeypatch, capsys):
+    monkeypatch.delenv("SVT_RECOMPUTE", raising=False)
+    assert cli.main(["fake_fig", "--full", "--recompute", "--out", str(tmp_path)]) == 0
+    assert fake_figure.calls == [(False, True)]
+    assert str(tmp_path / "figures" / "fake_fig.png") in capsys.readouterr().out
+    import os
+
+    assert os.environ.get("SVT_RECOMPUTE") == "1"  # ground truth recomputes too
+    monkeypatch.delenv("SVT_RECOMPUTE")
+
+
+def test_figure_that_raises_fails_the_command(tmp_path, fake_figure):
+    fake_figure.run = lambda out_dir, *, quick, recompute: 1 / 0
+    assert cli.main(["fake_fig", "--out", str(tmp_path)]) == 1
+
+
+def test_claims_subcommand_passes_arguments_through(tmp_path, fake_claims, capsys):
+    assert cli.main(["claims", "--out", str(tmp_path), "--paper", "gka"]) == 0
+    assert fake_claims == [["--paper", "gka"]]
+    assert "lemma3 holds" in capsys.readouterr().out
+
+
+def test_claims_unavailable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "claims_main", lambda: None)
+    assert cli.main(["claims", "--out", str(tmp_path)]) == 0
+    assert "not available" in capsys.readouterr().out
+
+
+def test_unknown_arguments_are_rejected(tmp_path):
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--bogus", "--out", str(tmp_path)])
+
+
+def test_help_lists_subcommands_and_registered_figures():
+    out = cli.build_parser().format_help()
+    for name in ("verify", "report", "claims", "allowance"):
+        assert name in out
+    from analysis.figures import FIGURES
+
+    for name in FIGURES:
+        assert name in out
+
+
+def test_real_verify_families_quick(tmp_path, monkeypatch):
+    """The chebyshev family end to end (quick): every row holds or carries no guarantee."""
+    monkeypatch.setattr(verification, "FAMILIES", ["chebyshev"])
+    assert cli.main(["verify", "--quick", "--out", str(tmp_path)]) == 0
+    rows = list(csv.DictReader((tmp_path / "verification" / "verification.csv").open()))
+    assert {r["precision"] for r in rows} == {"float64", "float32", "bfloat16/storage", "bfloat16/strict"}
+    assert all(r["verdict"] in ("holds", "no guarantee") for r in rows)
