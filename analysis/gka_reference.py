@@ -93,16 +93,25 @@ def cg_mp(A, q, iters: int):
     return x
 
 
-def truncation_bound(solver: str, kappa: float, iters: Optional[int]) -> float:
+def ridge_kappa(a: float) -> mpmath.mpf:
+    """``(a + 1)/a`` (GKA eq. (4)) exactly for the float a, as an mpf: the Chebyshev bound
+    amplifies a rounded kappa by ~(r + 1) and is attained, so it is fed the exact value."""
+    with amp.precision(30):
+        return 1 + 1 / mpmath.mpf(float(a))
+
+
+def truncation_bound(solver: str, kappa, iters: Optional[int]) -> float:
     """A-priori ``||x_r - x*|| / ||x*||``: Chebyshev ``1/T_{r+1}(1/rho)`` (rho = (k-1)/(k+1));
     CG ``2 sqrt(kappa) R_a^r`` (A-norm bound moved to the 2-norm); 0 for the exact solve."""
     if solver == "exact":
         return 0.0
-    if solver == "chebyshev":
-        rho = (kappa - 1.0) / (kappa + 1.0)
-        return 1.0 / math.cosh((iters + 1) * math.acosh(1.0 / rho)) if rho > 0 else 0.0
-    ra = (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
-    return 2.0 * math.sqrt(kappa) * ra**iters
+    with amp.precision(30):  # the Chebyshev bound is attained (an eigenvalue at L): evaluate it accurately
+        k = mpmath.mpf(kappa)
+        if solver == "chebyshev":
+            rho = (k - 1) / (k + 1)
+            return float(1 / mpmath.cosh((iters + 1) * mpmath.acosh(1 / rho))) if rho > 0 else 0.0
+        ra = (mpmath.sqrt(k) - 1) / (mpmath.sqrt(k) + 1)
+        return float(2 * mpmath.sqrt(k) * ra**iters)
 
 
 @dataclass
@@ -125,11 +134,18 @@ class LayerTruth:
     H_abs_fro: torch.Tensor
     U_abs_fro: torch.Tensor
     U_fro: torch.Tensor
+    dps: int = amp.DPS
 
     def split(self, y_hat: torch.Tensor) -> dict:
         """Per-token ``forward`` (``||y_hat - y*|| / ||y*||``), ``truncation``, ``rounding``
         (both over ``s_t``) as float64 tensors ``(T,)``; ``y_hat (T, Dv)``."""
         fw, tr, ro = [], [], []
+        with amp.precision(self.dps):  # mpmath rounds every operation to the current precision
+            self._split(y_hat, fw, tr, ro)
+        as_t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+        return {"forward": as_t(fw), "truncation": as_t(tr), "rounding": as_t(ro)}
+
+    def _split(self, y_hat, fw, tr, ro):
         for t in range(len(self.y_star)):
             yh = _vec(y_hat[t])
             ys = self.y_star[t]
@@ -138,16 +154,15 @@ class LayerTruth:
             fw.append(float(amp.norm(yh - ys) / amp.norm(ys)))
             tr.append(float(amp.norm(ym - ys) / s))
             ro.append(float(amp.norm(yh - ym) / s))
-        as_t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-        return {"forward": as_t(fw), "truncation": as_t(tr), "rounding": as_t(ro)}
 
     def backward_errors(self, x_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Per token ``||q - A x_hat|| / (||A||_2 ||x_hat|| + ||q||)`` with the exact A_t."""
         out = []
-        for t, A in enumerate(self.A):
-            xh, qt = _vec(x_hat[t]), _vec(q[t])
-            r = amp.norm(qt - A * xh)
-            out.append(float(r / (mpmath.mpf(float(self.A_norm2[t])) * amp.norm(xh) + amp.norm(qt))))
+        with amp.precision(self.dps):
+            for t, A in enumerate(self.A):
+                xh, qt = _vec(x_hat[t]), _vec(q[t])
+                r = amp.norm(qt - A * xh)
+                out.append(float(r / (mpmath.mpf(float(self.A_norm2[t])) * amp.norm(xh) + amp.norm(qt))))
         return torch.tensor(out, dtype=torch.float64)
 
 
@@ -201,7 +216,7 @@ def layer_truth(q, k, v, *, a: float, g=None, beta=None, solver: str = "exact", 
     return LayerTruth(
         y_star=out["y_star"], y_mp=out["y_mp"] if solver != "exact" else None, x_star=out["x_star"], A=out["A"],
         fro=f64("fro"), scale=f64("scale"), kappa=f64("kappa"), A_norm2=f64("A_norm2"),
-        H_abs_fro=f64("H_abs_fro"), U_abs_fro=f64("U_abs_fro"), U_fro=f64("U_fro"),
+        H_abs_fro=f64("H_abs_fro"), U_abs_fro=f64("U_abs_fro"), U_fro=f64("U_fro"), dps=dps,
     )
 
 
