@@ -15,9 +15,10 @@ Convergence (exact arithmetic):
 Rounding (first order; ``gamma_n = n u / (1 - n u)``, Higham 2002, Lemma 3.1), each written as a
 *running error bound* evaluated along the float64 trajectory:
 
-* :func:`kaczmarz_rounding_bound`: every relaxed projection with ``0 < omega < 2`` is
-  non-expansive, so the local errors of the steps add up:
-  ``delta_s <= 2 gamma_{n+5} omega (||x_s|| + |b_i|/||a_i||) + (u_acc + u_store) ||x_{s+1}||``.
+* :func:`kaczmarz_rounding_bound`: local errors
+  ``delta_s <= omega (gamma_n ||x_s|| + gamma_{n+4} |r_i|/||a_i||) + (u_acc + u_store) ||x_{s+1}||``, each
+  carried through the exact linear parts of the later steps (relaxed projections, norm <= 1 for
+  0 < omega < 2) of the rows actually used.
 * :func:`kla_tokenwise_bound`: KLA's token map ``S -> (I - beta k k^T) D S + beta k v^T`` has
   norm ``G_t <= max(alpha_t) max(1, |1 - beta_t ||k_t||^2|)`` (= max alpha_t <= 1 for KLA with
   eta <= 2); the local error is ``gamma_{d_k+5} m_t + (u_acc + u_store) ||S_t||_F`` with
@@ -112,9 +113,14 @@ def kaczmarz_rounding_bound(A, b, *, sweeps: int, rows=None, relaxation: float =
                             arith: Arith) -> torch.Tensor:
     """Bound on ``||x^_k - x_k^mp||_2`` after each sweep, ``(sweeps + 1, *batch)``.
 
-    ``delta_s <= 2 gamma_{n+5}(u_acc) omega (||x_s|| + |b_i| / ||a_i||) + (u_acc + u_store) ||x_{s+1}||``
-    per step (residual dot product gamma_n, denominator gamma_{n+1}, the update's three
-    operations, the store), summed: each step is non-expansive for 0 < omega < 2, eps >= 0."""
+    Local error of step s: the residual ``r_i = b_i - a_i^T x_s`` is computed with error
+    ``<= gamma_n |a_i|^T |x_s| + u |r_i|``, the coefficient ``omega r_i / (||a_i||^2 + eps)`` then carries
+    relative error gamma_{n+4} (denominator gamma_{n+1}, two operations) on top, and the update
+    and store add ``(u_acc + u_store) ||x_{s+1}||``; with ``|a|^T|x| <= ||a|| ||x||`` and ``||a||^2 <= den``:
+    ``delta_s <= omega (gamma_n ||x_s|| + gamma_{n+4} |r_i| / ||a_i||) + (u_acc + u_store) ||x_{s+1}||``.
+    Two runs of the same steps differ by the linear parts ``P_s = I - omega a_i a_i^T / (||a_i||^2 + eps)``
+    of the steps after it, so ``E_k = ||P_m..P_1||_2 E_{k-1} + sum_s ||P_m..P_{s+1}||_2 delta_s`` for the
+    rows actually used (every ``||P_s||_2 <= 1`` for 0 < omega < 2, eps >= 0)."""
     batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
     m, n = A.shape[-2:]
     A = A.to(_F64).expand(*batch, m, n)
@@ -123,23 +129,33 @@ def kaczmarz_rounding_bound(A, b, *, sweeps: int, rows=None, relaxation: float =
     norms2 = (A * A).sum(-1)
     den = norms2 + eps
     safe = torch.where(den > 0, den, torch.ones_like(den))
-    g = float(gamma(n + 5, arith.u_acc))
+    g_dot, g_coef = float(gamma(n, arith.u_acc)), float(gamma(n + 4, arith.u_acc))
     u_sum = arith.u_acc + arith.u_store
+    eye = torch.eye(n, dtype=_F64).expand(*batch, n, n)
     total = torch.zeros(batch, dtype=_F64)
     out = [total]
     for sweep in range(sweeps):
         order = torch.arange(m).expand(*batch, m) if rows is None else rows[sweep]
+        deltas, steps = [], []
         for s in range(m):
             i = order[..., s : s + 1]
             a = A.gather(-2, i.unsqueeze(-1).expand(*batch, 1, n)).squeeze(-2)
             b_i, d_i, n2 = b.gather(-1, i).squeeze(-1), safe.gather(-1, i).squeeze(-1), norms2.gather(-1, i).squeeze(-1)
-            live = den.gather(-1, i).squeeze(-1) > 0
-            c = torch.where(live, relaxation * (b_i - (a * x).sum(-1)) / d_i, torch.zeros_like(b_i))
+            live = (den.gather(-1, i).squeeze(-1) > 0).to(_F64)
+            r_i = b_i - (a * x).sum(-1)
+            c = live * relaxation * r_i / d_i
             x_new = x + c.unsqueeze(-1) * a
             row_norm = torch.sqrt(n2).clamp_min(1e-300)
-            delta = 2 * g * relaxation * (x.norm(dim=-1) + b_i.abs() / row_norm) + u_sum * x_new.norm(dim=-1)
-            total = total + torch.where(live, delta, torch.zeros_like(delta))
+            local = relaxation * (g_dot * x.norm(dim=-1) + g_coef * r_i.abs() / row_norm) + u_sum * x_new.norm(dim=-1)
+            deltas.append(live * local)
+            w = (live * relaxation / d_i)[..., None, None]
+            steps.append(eye - w * a.unsqueeze(-1) * a.unsqueeze(-2))
             x = x_new
+        suffix, carried = eye, torch.zeros(batch, dtype=_F64)
+        for s in reversed(range(m)):
+            carried = carried + torch.linalg.matrix_norm(suffix, ord=2) * deltas[s]
+            suffix = suffix @ steps[s]
+        total = torch.linalg.matrix_norm(suffix, ord=2) * total + carried
         out.append(total)
     return torch.stack(out)
 

@@ -3,8 +3,8 @@
 Bounds used (analysis.kaczmarz_bounds, docs/kla.md):
 * pyamg's closed form of one cyclic sweep, ``x0 + A^T (D_eps/omega + L)^{-1} (b - A x0)`` -- an
   identity, evaluated exactly in mpmath; the float64 sweep may differ from it only by its own
-  rounding, held to the running bound ``kaczmarz_rounding_bound`` (sum of gamma_{n+5}-sized local
-  errors of non-expansive steps).
+  rounding, held to the running bound ``kaczmarz_rounding_bound`` (gamma_n / gamma_{n+4}-sized
+  local errors carried through the exact linear parts of the later steps).
 * cyclic convergence: ``||e_k|| <= ||M^k||_2 ||e_0||`` with M the sweep operator (exact).
 * randomized convergence (Strohmer-Vershynin 2009, Thm. 2): ``E||e_k||^2 <= (1 - 1/kappa_F^2)^k
   ||e_0||^2``, checked on the exact expectation (second-moment recursion) and the sampler
@@ -54,7 +54,7 @@ def sweep_identity_gap(A, b, x0, relaxation=1.0, eps=0.0):
 @given(consistent_systems(max_kappa=1e3), st.floats(0.1, 1.9), st.sampled_from((0.0, 1e-3, 1.0)), st.integers(0, 2**31 - 1))
 def test_cyclic_sweep_equals_closed_form(system, omega, eps, seed):
     # pyamg's gold identity (relaxation 1, eps 0: tril(A A^T)) and its SOR generalisation;
-    # bound: the sweep's own float64 rounding (running bound, gamma_{n+5} per step).
+    # bound: the sweep's own float64 rounding (running bound, gamma_n / gamma_{n+4} per step).
     x0 = torch.randn(system.A.shape[-1], generator=_gen(seed), dtype=F64)
     gap, bound = sweep_identity_gap(system.A, system.b, x0, omega, eps)
     assert bool((gap <= bound).all()), (gap, bound)
