@@ -14,17 +14,13 @@ import solvers
 from analysis import bounds
 from analysis.figures import FIGURES
 from analysis.figures import _common as C
-from analysis.figures import gka_fig1a, gka_omega
+from analysis.figures import decay_gates, echo_koopman, gka_fig1a, gka_fig1bd, gka_omega, kla_kaczmarz, precision_sweep
 from analysis.figures._cg_reversal import cg_coefficients
 from analysis.precision import PRECISIONS
 
-TINY = {"B": 1, "T": 8, "heads": 1, "D": 8}
-
-
 def _run(name, out_dir, recompute=True):
     mod = importlib.import_module(f"analysis.figures.{name}")
-    kw = {"scale": TINY} if "scale" in mod.run.__code__.co_varnames else {}
-    return mod.run(out_dir, quick=True, recompute=recompute, **kw)
+    return mod.run(out_dir, quick=True, recompute=recompute, overrides=mod.TINY)
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -174,3 +170,90 @@ def test_fig1a_paper_table_is_in_the_json(tmp_path):
     _run("gka_fig1a", tmp_path)
     meta = json.loads((tmp_path / "gka_fig1a.json").read_text())
     assert {r["paper"] for r in meta["paper"]} >= {"CG", "10", "CH"}
+
+
+# --- KLA Prop. 2 (eq. (5)) as measured by the figure ---------------------------------------------
+
+def _kla_inputs():
+    g = torch.Generator().manual_seed(3)
+    S0 = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    k = torch.randn(6, generator=g, dtype=torch.float64)
+    return S0, k / torch.linalg.vector_norm(k), torch.randn(3, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("eta,knorm,eps", [(0.5, 0.01, 1e-4), (1.0, 1.0, 0.0), (1.9, 3.0, 1e-6), (0.2, 1e-3, 1e-6)])
+def test_kla_one_step_factor_is_eq5(eta, knorm, eps):
+    S0, d, v = _kla_inputs()
+    m = kla_kaczmarz.one_step_factor(S0, d * knorm, v, eta, eps, "kaczmarz", PRECISIONS[0])
+    # eq. (5) is an identity; float64 evaluation of S_1 and of e+ costs a few u_64 times ||e||-scaled terms
+    assert abs(m - kla_kaczmarz.prop2_factor(eta, knorm, eps)) <= 1e-12
+
+
+def test_kla_factor_check_catches_the_gdn_coefficient():
+    # broken variant: GDN's beta = eta does not follow eq. (5) at ||k|| != 1
+    S0, d, v = _kla_inputs()
+    m = kla_kaczmarz.one_step_factor(S0, d * 3.0, v, 0.5, 1e-6, "gdn", PRECISIONS[0])
+    assert abs(m - kla_kaczmarz.prop2_factor(0.5, 3.0, 1e-6)) > 0.1
+
+
+# --- Echo App. D.1 -------------------------------------------------------------------------------
+
+def test_d1_tables_round_to_printed():
+    for K, table in echo_koopman.D1_TABLE.items():
+        for lam, printed in table.items():
+            assert C.rounds_to(lam**K, printed), (K, lam, printed)
+
+
+def test_d1_table_check_catches_a_wrong_power():
+    # broken variant: |lambda|^3 instead of |lambda|^2 fails the K = 2 table
+    assert not all(C.rounds_to(lam**3, p) for lam, p in echo_koopman.D1_TABLE[2].items())
+
+
+def test_mode_gain_on_a_known_operator():
+    A = torch.tensor([[0.9, 0.5], [0.0, 0.3]], dtype=torch.float64)  # non-normal, eigenvalues 0.9, 0.3
+    lam, gain = echo_koopman.mode_gains(A.unsqueeze(0), 2)
+    # A^2 v = lambda^2 v for each eigenvector: gain = |lambda|^2 to eig's accuracy (~u_64)
+    assert torch.allclose(gain, lam**2, rtol=0, atol=1e-14)
+
+
+# --- gate proposal worked example -----------------------------------------------------------------
+
+def test_gate_numbers_hold_except_the_100x():
+    p = decay_gates.paper_numbers()
+    assert C.rounds_to(p["sigma'(4.6)"], "0.01") and C.rounds_to(p["phi'(10)"], "0.002")
+    assert math.isclose(p["phi'(1)"], 0.5, rel_tol=1e-12)
+    # sigma'(0)/sigma'(4.6) = 0.25 / (sigma(4.6) sigma(-4.6)) ~ 25.4: the printed "100x" fails
+    assert 25 < p["sigmoid ratio"] < 26
+    assert not C.rounds_to(p["sigmoid ratio"], "1e2")
+
+
+# --- Fig. 1b/1d: Lemma 2 ---------------------------------------------------------------------------
+
+def _layer_inputs():
+    params = {**gka_fig1bd.params_for(True), **gka_fig1bd.TINY}
+    return params, gka_fig1bd.make_case(params)
+
+
+def test_lemma2_chebyshev_implicit_dq_is_autograd_dq():
+    params, (q, k, v, g, beta, dy) = _layer_inputs()
+    kw = dict(a=params["a"], solver="chebyshev", iters=8, arith=PRECISIONS[0])
+    dq_i, _ = gka_fig1bd.implicit_grads(q, k, v, g, beta, dy, **kw)
+    dq_a, _ = gka_fig1bd.autograd_grads(q, k, v, g, beta, dy, **kw)
+    # Lemma 2: equal in exact arithmetic; float64 rounding of 8 iterations on kappa <= 51: << 1e-10
+    assert float(torch.linalg.vector_norm(dq_i - dq_a) / torch.linalg.vector_norm(dq_a)) < 1e-10
+
+
+def test_lemma2_check_fails_for_cg():
+    # broken variant: CG is not a fixed polynomial in H, so its implicit dq differs from autograd's
+    params, (q, k, v, g, beta, dy) = _layer_inputs()
+    kw = dict(a=params["a"], solver="cg", iters=3, arith=PRECISIONS[0])
+    dq_i, _ = gka_fig1bd.implicit_grads(q, k, v, g, beta, dy, **kw)
+    dq_a, _ = gka_fig1bd.autograd_grads(q, k, v, g, beta, dy, **kw)
+    assert float(torch.linalg.vector_norm(dq_i - dq_a) / torch.linalg.vector_norm(dq_a)) > 1e-6
+
+
+def test_precision_sweep_crossover_interpolates():
+    rows = [{"truncation": 1e-12, "rounding": 1e-8}, {"truncation": 1e-4, "rounding": 1e-8}]
+    k = precision_sweep.crossover_kappa([1.0, 100.0], rows)
+    assert 1.0 < k < 100.0
+    assert math.isnan(precision_sweep.crossover_kappa([1.0], rows[:1]))

@@ -28,6 +28,7 @@ from . import _common as C
 
 NAME = "decay_gates"
 HELP = "Decay gates: value vs gradient and gradient scales of sigmoid, balanced phi, softplus; precision"
+TINY = {"points": 41}  # a seconds-long run for tests/test_figures.py
 
 F64 = torch.float64
 COLORS = {"sigmoid": "tab:blue", "balanced": "tab:red", "softplus": "tab:green"}
@@ -150,5 +151,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

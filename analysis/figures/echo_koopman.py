@@ -35,6 +35,8 @@ from . import _common as C
 
 NAME = "echo_koopman"
 HELP = "Echo SKA: power-filter gain per eigenmode (App. D.1) on actual operators, spectral normalisation, readout vs eps"
+# a seconds-long run for tests/test_figures.py
+TINY = {"T": 32, "systems": 2, "readout_systems": 1, "random_operators": 4, "eps_grid": [1e-3], "queries": 2}
 
 F64 = torch.float64
 D1_TABLE = {2: {0.95: "0.902", 0.90: "0.810", 0.70: "0.490", 0.50: "0.250", 0.30: "0.090"},
@@ -192,5 +194,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

@@ -27,6 +27,7 @@ from ._runs import METHODS, residual_bound, residual_history
 
 NAME = "gka_fig1a"
 HELP = "GKA Fig. 1a: residual norms of CH/CG/GD/AGD per iteration, every precision, with bounds"
+TINY = {"scale": {"B": 1, "T": 8, "heads": 1, "D": 8}, "iters": 10}  # a seconds-long run for tests/test_figures.py
 
 PAPER_SCALE = {"B": 8, "T": 2048, "heads": 8, "D": 128}
 CPU_SCALE = {"B": 2, "T": 256, "heads": 4, "D": 64}
@@ -34,9 +35,8 @@ QUICK_SCALE = {"B": 1, "T": 64, "heads": 2, "D": 32}
 LABELS = {"chebyshev": "CH", "cg": "CG", "gd": "GD", "agd": "AGD"}
 
 
-def params_for(quick: bool, scale: dict = None) -> dict:
-    if scale is None:
-        scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
+def params_for(quick: bool) -> dict:
+    scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
     return {"scale": dict(scale), "a": 0.02, "iters": 50, "seed": 0,
             "precisions": [p.label for p in PRECISIONS], "device": str(C.device(quick))}
 
@@ -123,7 +123,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, scale: dict = None) -> list:
-    """Write the figure; ``scale`` (B, T, heads, D) overrides the size (tests use a tiny one)."""
-    return C.produce(out_dir, NAME, params_for(quick, scale), __file__, compute, render,
-                     recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

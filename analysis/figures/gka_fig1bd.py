@@ -40,6 +40,8 @@ from . import _common as C
 
 NAME = "gka_fig1bd"
 HELP = "GKA Fig. 1b/1d: gradient of [q, k] vs exact, CG and CH, implicit vs autograd, vs iterations"
+# a seconds-long run for tests/test_figures.py
+TINY = {"T": 4, "D": 8, "Dv": 4, "batch": [1], "iters": [2, 6], "precisions": ["float64", "float32"]}
 
 F64 = torch.float64
 # autograd through strict bf16 sums is slow; quick mode keeps float64 and float32
@@ -183,5 +185,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

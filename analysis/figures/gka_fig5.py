@@ -31,15 +31,15 @@ from ._cg_reversal import cg_coefficients
 
 NAME = "gka_fig5"
 HELP = "GKA Fig. 5: reversal divisors, Chebyshev's -b_i = omega_i - 1 vs kappa and CG's (beta_i, m_i)"
+TINY = {"scale": {"B": 1, "T": 8, "heads": 1, "D": 8}, "iters": 10, "kappas": [1.5, 10.0, 100.0]}  # a seconds-long run for tests/test_figures.py
 
 QUICK_SCALE = {"B": 1, "T": 64, "heads": 2, "D": 32}
 CPU_SCALE = {"B": 2, "T": 256, "heads": 4, "D": 64}
 PAPER_SCALE = {"B": 8, "T": 2048, "heads": 8, "D": 128}
 
 
-def params_for(quick: bool, scale: dict = None) -> dict:
-    if scale is None:
-        scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
+def params_for(quick: bool) -> dict:
+    scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
     return {"scale": dict(scale), "a": 0.02, "iters": 50, "seed": 0, "r": 30,
             "kappas": np.logspace(0.02, 5, 60).tolist(), "device": str(C.device(quick))}
 
@@ -147,6 +147,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, scale: dict = None) -> list:
-    return C.produce(out_dir, NAME, params_for(quick, scale), __file__, compute, render,
-                     recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

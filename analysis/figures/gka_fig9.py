@@ -37,12 +37,12 @@ CPU_SCALE = {"B": 2, "T": 256, "heads": 4, "D": 64}
 PAPER_SCALE = {"B": 8, "T": 2048, "heads": 8, "D": 128}
 RIDGES = (0.01, 0.02, 0.05, 0.1)
 GKA_ITERS = 30
+TINY = {"scale": {"B": 1, "T": 8, "heads": 1, "D": 8}, "iters": GKA_ITERS + 1}  # a seconds-long run for tests/test_figures.py
 PLOTTED = ("float32", "bfloat16/storage")
 
 
-def params_for(quick: bool, scale: dict = None) -> dict:
-    if scale is None:
-        scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
+def params_for(quick: bool) -> dict:
+    scale = QUICK_SCALE if quick else (PAPER_SCALE if C.on_gpu(quick) else CPU_SCALE)
     return {"scale": dict(scale), "ridges": list(RIDGES), "iters": 50, "seed": 0,
             "precisions": [p.label for p in PRECISIONS], "device": str(C.device(quick))}
 
@@ -148,6 +148,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, scale: dict = None) -> list:
-    return C.produce(out_dir, NAME, params_for(quick, scale), __file__, compute, render,
-                     recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

@@ -31,6 +31,7 @@ from . import _common as C
 
 NAME = "gka_omega"
 HELP = "GKA Lemma 4 / Remark 1: omega_i - omega_1* vs i, bound R^i, measured rate R_a^2, Remark 1 table"
+TINY = {"iters": 20}  # a seconds-long run for tests/test_figures.py
 
 REMARK1_KAPPA = 51  # L / mu = 1.02 / 0.02 (Remark 1)
 REMARK1_POWERS = (1, 5, 10, 20, 30)
@@ -172,5 +173,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

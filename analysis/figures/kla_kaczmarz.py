@@ -32,6 +32,7 @@ from . import _common as C
 
 NAME = "kla_kaczmarz"
 HELP = "KLA: residual contraction vs eta and eps (Prop. 2), key-norm sensitivity vs GDN, tokenwise vs chunkwise"
+TINY = {"T": 8, "etas": [0.5, 1.0], "key_norms": [0.1, 1.0, 3.0], "chunk_sizes": [4]}  # a seconds-long run for tests/test_figures.py
 
 F64 = torch.float64
 EPSILONS = (0.0, 1e-6, 1e-4, 1e-2)
@@ -170,5 +171,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files

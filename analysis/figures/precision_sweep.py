@@ -39,6 +39,7 @@ from . import _common as C
 
 NAME = "precision_sweep"
 HELP = "Forward/backward error of CH/CG/GD/AGD vs kappa in each precision: truncation vs rounding, with bounds"
+TINY = {"D": 4, "kappas": [2.0, 100.0], "seeds": [0], "iters": 10}  # a seconds-long run for tests/test_figures.py
 
 TRUNCATION_BOUNDS = {"chebyshev": bounds.chebyshev_bound, "cg": bounds.cg_bound_2norm,
                      "gd": bounds.gd_bound, "agd": bounds.agd_bound}
@@ -125,5 +126,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool) -> list:
-    return C.produce(out_dir, NAME, params_for(quick), __file__, compute, render, recompute=recompute).files
+def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
+    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+    params = {**params_for(quick), **(overrides or {})}
+    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
