@@ -122,7 +122,15 @@ def inv(A: mpmath.matrix) -> mpmath.matrix:
 
 
 def solve(A: mpmath.matrix, b: mpmath.matrix) -> mpmath.matrix:
-    return mpmath.lu_solve(A, b)
+    """A^{-1} b for a column or a matrix b (mpmath's lu_solve takes one column)."""
+    if b.cols == 1:
+        return mpmath.lu_solve(A, b)
+    out = mpmath.matrix(A.cols, b.cols)
+    for j in range(b.cols):
+        x = mpmath.lu_solve(A, b[:, j])
+        for i in range(A.cols):
+            out[i, j] = x[i]
+    return out
 
 
 def rel(A, B) -> mpmath.mpf:

@@ -1,0 +1,710 @@
+"""KLA (Kaczmarz Linear Attention): Theorem 1 (i)-(iii), eqs. (1)-(6), Propositions 1-6, Algorithm 1
+(tokenwise and chunkwise), Table 6, the decay-agnostic remark A.5 and the locality of the coefficient.
+
+Exact checks work in S-space (``S in R^{d_k x d_v}``, ``S_t = S~ + beta k e^T``) with small
+bf16-representable cases; working-precision checks run ``solvers.kla``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath
+import torch
+from hypothesis import strategies as st
+
+from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
+
+from .. import mpla
+from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
+from ..registry import register, register_uncheckable
+from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, mp_matrix_tensor, mpf, rel64,
+                      worst)
+
+_ENTRY = dict(min_value=-2.0, max_value=2.0)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _token_cases(*, unrelaxed: bool = False, per_channel: bool = False):
+    """One token: decayed state S~ (d_k x d_v), key (nonzero), value, eta, eps (and a diagonal decay)."""
+
+    @st.composite
+    def build(draw):
+        dk, dv = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        k = draw(bf16_vectors(dk, **_ENTRY).filter(lambda r: any(x != 0 for x in r)))
+        case = {"S": draw(bf16_matrices(dk, dv, **_ENTRY)), "k": k, "v": draw(bf16_vectors(dv, **_ENTRY)),
+                "eta": 1.0 if unrelaxed else draw(bf16_floats(2.0**-4, 1.0, allow_zero=False)),
+                "eps": 0.0 if unrelaxed else draw(st.sampled_from((0.0, 2.0**-10, 0.25)))}
+        if per_channel:
+            case["alpha"] = draw(bf16_vectors(dk, min_value=2.0**-4, max_value=1.0, allow_zero=False))
+        return case
+
+    return build()
+
+
+def _sequence_cases(max_T: int = 4):
+    """A chunk: T tokens (keys nonzero), decays alpha in (0, 1], gates eta in (0, 1], eps, initial state S_0."""
+
+    @st.composite
+    def build(draw):
+        T, dk, dv = draw(st.integers(1, max_T)), draw(st.integers(1, 2)), draw(st.integers(1, 2))
+        nonzero = bf16_vectors(dk, **_ENTRY).filter(lambda r: any(x != 0 for x in r))
+        return {"K": tuple(draw(nonzero) for _ in range(T)), "V": tuple(draw(bf16_vectors(dv, **_ENTRY)) for _ in range(T)),
+                "Q": tuple(draw(nonzero) for _ in range(T)),
+                "alpha": tuple(draw(bf16_floats(2.0**-4, 1.0, allow_zero=False)) for _ in range(T)),
+                "eta": tuple(draw(bf16_floats(2.0**-4, 1.0, allow_zero=False)) for _ in range(T)),
+                "eps": draw(st.sampled_from((0.0, 2.0**-10))), "S0": draw(bf16_matrices(dk, dv, **_ENTRY))}
+
+    return build()
+
+
+# --------------------------------------------------------------------------- mp formulas
+
+
+def mp_beta(k, eta, eps):
+    """KLA eq. (3): beta = eta / (||k||^2 + eps)."""
+    return mpf(eta) / (mpla.dot(k, k) + mpf(eps))
+
+
+def mp_kla_step(S_tilde, k, v, eta, eps):
+    """KLA eq. (3) / Algorithm 1 lines 3-5 on the decayed state: S_t = S~ + beta k e^T, e = v - S~^T k."""
+    e = v - S_tilde.T * k
+    return S_tilde + mp_beta(k, eta, eps) * mpla.outer(k, e)
+
+
+def mp_recurrent(case):
+    """Algorithm 1 (left), token by token: states S_1..S_T and outputs o_t = S_t^T q_t / ||q_t||."""
+    S = mpla.mat(case["S0"])
+    states, outs = [], []
+    for k, v, q, a, eta in zip(case["K"], case["V"], case["Q"], case["alpha"], case["eta"]):
+        S = mp_kla_step(mpf(a) * S, mpla.vec(k), mpla.vec(v), eta, case["eps"])
+        qv = mpla.vec(q)
+        states.append(S)
+        outs.append(S.T * qv / mpla.fro(qv))
+    return states, outs
+
+
+def _impl():
+    return {"beta_mp": mp_beta, "kla_step_mp": mp_kla_step, "recurrent_mp": mp_recurrent}
+
+
+def _impl_solvers():
+    impl = dict(_impl())
+    for name in ("kla_recurrent", "kla_chunkwise", "kaczmarz_coefficient", "wy_representation", "wy_matrices"):
+        impl[name] = attr("solvers.kla", name)
+    return impl
+
+
+def kla(**kw) -> Claim:
+    kw.setdefault("implementation", _impl)
+    return Claim(paper="kla", **kw)
+
+
+def _mp_token(case):
+    return mpla.mat(case["S"]), mpla.vec(case["k"]), mpla.vec(case["v"])
+
+
+# ----------------------------------------------------------------------------- Theorem 1
+
+
+def _one_token_torch(case, impl, prec, alpha=1.0):
+    """solvers.kla_recurrent on one token from the state S~ (alpha = 1), in a working precision."""
+    ar = arith(prec)
+    S = torch.tensor(case["S"], dtype=F64)
+    k = torch.tensor(case["k"], dtype=F64)
+    v = torch.tensor(case["v"], dtype=F64)
+    shape = lambda t: t.reshape(1, 1, -1).to(ar.dtype)  # noqa: E731  (T = 1, H = 1)
+    _, S_t = impl["kla_recurrent"](shape(k), shape(k), shape(v), alpha=alpha, eta=case["eta"], eps=case["eps"],
+                                   initial_state=S.unsqueeze(0).to(ar.dtype), bf16_mode=ar.mode, normalize_queries=False)
+    return S_t[0].to(F64), S, k, v
+
+
+def _check_constraint(case, impl, prec) -> Measurement:
+    if prec == MP:
+        with mpla.exact():
+            S, k, v = _mp_token(case)
+            St = impl["kla_step_mp"](S, k, v, 1, 0)
+            return exact_identity(St.T * k, v, "S_t^T k_t vs v_t")
+    St, S, k, v = _one_token_torch(case, impl, prec)
+    res = float(torch.linalg.vector_norm(St.T @ k - v))
+    nk = float(torch.linalg.vector_norm(k))
+    scale = float(torch.linalg.vector_norm(v)) + (float(torch.linalg.matrix_norm(S)) + float(torch.linalg.matrix_norm(St))) * nk
+    # the residual is made of roundings of e (a d_k-dot product), beta, and the stored S_t: no condition number
+    return Measurement(res / scale if scale > 0 else res, allowance(1.0, len(case["k"]) + 2, prec), "||S_t^T k - v|| / scale")
+
+
+def _check_projection(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        St = impl["kla_step_mp"](S, k, v, 1, 0)
+        Delta = St - S
+        dk, dv = S.rows, S.cols
+        # (i): Delta is orthogonal to the tangent space {Hm : Hm^T k = 0}; a basis of it is
+        # (I - k k^T/||k||^2) E_ij, so <Delta, Hm> = 0 for every E_ij projected
+        P = mpla.eye(dk) - mpla.outer(k, k) / mpla.dot(k, k)
+        parts = []
+        for i in range(dk):
+            for j in range(dv):
+                E = mpla.zeros(dk, dv)
+                E[i, j] = 1
+                parts.append(Measurement(float(abs(mpla.inner(Delta, P * E))), float(mpla.exact_tol() * (mpla.fro(Delta) + 1)),
+                                         f"<Delta, P E_{i}{j}>"))
+        # Remark 1 / 2: any other S' in A_t (S_t + tangent direction) is farther from S~
+        for i in range(dk):
+            for j in range(dv):
+                E = mpla.zeros(dk, dv)
+                E[i, j] = 1
+                Sp = St + P * E
+                parts.append(exact_inequality(mpla.fro(St - S), mpla.fro(Sp - S), "||S_t - S~|| <= ||S' - S~||"))
+        return worst(parts)
+
+
+def _check_line_search(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        e = v - S.T * k
+        nk2 = mpla.dot(k, k)
+
+        def loss(tau):
+            Sm = S + tau * mpla.outer(k, e)
+            r = Sm.T * k - v
+            return mpla.dot(r, r) / 2
+
+        parts = []
+        for tau in (mpf(0), 1 / nk2, mpf("0.3"), 2 / nk2):  # eq. (4) at several points
+            parts.append(exact_identity(loss(tau), (1 - tau * nk2) ** 2 * mpla.dot(e, e) / 2, f"eq. (4) at tau={mpmath.nstr(tau, 3)}"))
+        beta = impl["beta_mp"](k, 1, 0)
+        parts.append(exact_identity(beta, 1 / nk2, "beta = tau* = 1/||k||^2"))
+        slope = mpmath.diff(loss, beta)
+        parts.append(Measurement(float(abs(slope)), float(mpla.exact_tol() * (mpla.dot(e, e) / nk2 + 1)), "dL/dtau at beta"))
+        return worst(parts)
+
+
+def _check_normalized_sgd(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+
+        def L(M):
+            r = M.T * k - v
+            return mpla.dot(r, r) / 2
+
+        grad = mpla.matrix_grad(L, S)
+        St = impl["kla_step_mp"](S, k, v, 1, 0)
+        return worst([exact_identity(St, S - grad / mpla.dot(k, k), "S~ - grad/||k||^2"),
+                      exact_identity(grad, -mpla.outer(k, v - S.T * k), "grad = -k e^T")])
+
+
+register(
+    kla(id="kla.thm1.constraint", source="KLA Sec. 3.2, Theorem 1; eqs. (2), (11)",
+        statement="With eta = 1, eps = 0 the update S_t = S~ + k e^T/||k||^2 satisfies S_t^T k_t = v_t.",
+        quantity="mp: S_t^T k - v held to 1e-30. Working precisions: solvers.kla_recurrent on one token, "
+                 "||S_t^T k - v|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
+        strategy=lambda: _token_cases(unrelaxed=True), check=_check_constraint,
+        precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers),
+    kla(id="kla.thm1.projection", source="KLA Theorem 1 (i), Remarks 1-2, eq. (12)",
+        statement="The unrelaxed update is the orthogonal projection of S~ onto A_t = {S : S^T k = v}: S_t - S~ is orthogonal "
+                  "to every H with H^T k = 0, and every other element of A_t is farther from S~.",
+        quantity="mp: |<Delta, (I - kk^T/||k||^2) E_ij>| for every unit E_ij, and ||S_t - S~|| against ||S' - S~|| for "
+                 "S' = S_t + (I - kk^T/||k||^2) E_ij.",
+        strategy=lambda: _token_cases(unrelaxed=True), check=_check_projection),
+    kla(id="kla.thm1.line_search", source="KLA Theorem 1 (ii), eqs. (4), (10)",
+        statement="Along S(tau) = S~ + tau k e^T, L_t(S(tau)) = (1/2)(1 - tau ||k||^2)^2 ||e||^2, minimised at tau* = 1/||k||^2 = beta_t.",
+        quantity="mp: eq. (4) at four taus, beta = 1/||k||^2, and dL/dtau = 0 at beta (mpmath.diff).",
+        strategy=lambda: _token_cases(unrelaxed=True), check=_check_line_search),
+    kla(id="kla.thm1.normalized_sgd", source="KLA Theorem 1 (iii), App. A.1",
+        statement="grad L_t(S~) = -k e^T and S_t = S~ - grad L_t(S~) / ||k||^2: a normalised gradient step.",
+        quantity="mp: both identities, the gradient by mpmath.diff of L_t.",
+        strategy=lambda: _token_cases(unrelaxed=True), check=_check_normalized_sgd),
+)
+
+
+def _check_lagrange(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        lam = (S.T * k - v) / mpla.dot(k, k)  # eq. (13)
+        Sl = S - mpla.outer(k, lam)
+        return worst([exact_identity(Sl, impl["kla_step_mp"](S, k, v, 1, 0), "S~ - k lambda^T"),
+                      exact_identity(Sl.T * k, v, "constraint")])
+
+
+register(kla(
+    id="kla.lagrange", source="KLA App. A.2, eq. (13)",
+    statement="The Lagrangian stationary point of eq. (1) has lambda = (S~^T k - v)/||k||^2 and gives the Kaczmarz update.",
+    quantity="mp: S~ - k lambda^T against the update, and its constraint residual.",
+    strategy=lambda: _token_cases(unrelaxed=True), check=_check_lagrange,
+))
+
+
+# ----------------------------------------------------------------------------- Propositions 1, 2
+
+
+def _check_prop1(case, impl, prec) -> Measurement:
+    eta, eps = case["eta"], case["eps"]
+    if eta == 1.0 and eps == 0.0:
+        return Measurement(0.0, 1.0, "eta = 1, eps = 0: mu = infinity (the constrained problem, Theorem 1)")
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        nk2 = mpla.dot(k, k)
+        mu = mpf(eta) / ((1 - mpf(eta)) * nk2 + mpf(eps))
+        St = impl["kla_step_mp"](S, k, v, eta, eps)
+
+        def J(M):
+            d = M - S
+            r = M.T * k - v
+            return mpla.inner(d, d) / 2 + mu / 2 * mpla.dot(r, r)
+
+        grad = mpla.matrix_grad(J, St)
+        tau = mu / (1 + mu * nk2)  # eq. (15)
+        return worst([Measurement(float(mpla.fro(grad)), float(mpla.exact_tol() * (mpla.fro(St) + mpla.fro(v) + 1)),
+                                  "||grad J(S_t)||"),
+                      exact_identity(tau, impl["beta_mp"](k, eta, eps), "mu/(1 + mu||k||^2) = beta")])
+
+
+register(kla(
+    id="kla.prop1", source="KLA Sec. 3.1, Proposition 1; App. A.3, eqs. (14)-(15)",
+    statement="For eta in (0, 1] and eps >= 0, with mu = eta/((1 - eta)||k||^2 + eps), the relaxed update (3) is the exact "
+              "minimiser of (1/2)||S - S~||_F^2 + (mu/2)||S^T k - v||^2 (strictly convex, so the stationary point is it).",
+    quantity="mp: the gradient of the proximal objective at S_t (mpmath.diff), and mu/(1 + mu ||k||^2) = beta.",
+    strategy=_token_cases, check=_check_prop1,
+    note="At eta = 1, eps = 0 mu is infinite: the statement then is Theorem 1 (the constrained problem), not a proximal one.",
+))
+
+
+def _check_prop2(case, impl, prec) -> Measurement:
+    eta, eps = case["eta"], case["eps"]
+    if prec == MP:
+        with mpla.exact():
+            S, k, v = _mp_token(case)
+            nk2 = mpla.dot(k, k)
+            e = v - S.T * k
+            St = impl["kla_step_mp"](S, k, v, eta, eps)
+            e_plus = v - St.T * k
+            factor = 1 - mpf(eta) * nk2 / (nk2 + mpf(eps))
+            return worst([exact_identity(e_plus, factor * e, "eq. (5)"),
+                          exact_inequality(0, factor, "factor >= 0"), exact_inequality(factor, 1, "factor < 1 (<=)"),
+                          exact_inequality(mpla.dot(e_plus, e_plus), mpla.dot(e, e), "L_t(S_t) <= L_t(S~)")])
+    St, S, k, v = _one_token_torch(case, impl, prec)
+    e = v - S.T @ k
+    nk2 = float(k @ k)
+    factor = 1 - eta * nk2 / (nk2 + eps)
+    res = float(torch.linalg.vector_norm((v - St.T @ k) - factor * e))
+    scale = float(torch.linalg.vector_norm(v)) + (float(torch.linalg.matrix_norm(S)) + float(torch.linalg.matrix_norm(St))) * math.sqrt(nk2)
+    return Measurement(res / scale if scale > 0 else res, allowance(1.0, len(case["k"]) + 2, prec), "e+ - factor e")
+
+
+register(kla(
+    id="kla.prop2", source="KLA Sec. 3.2, Proposition 2, eq. (5); App. A.4",
+    statement="e_t^+ = (1 - eta ||k||^2/(||k||^2 + eps)) e_t; for eta in (0, 1] the factor lies in [0, 1), so the residual "
+              "contracts and L_t(S_t) <= L_t(S~).",
+    quantity="mp: eq. (5) held to 1e-30 and the factor's range, the loss decrease. Working precisions: solvers.kla_recurrent, "
+             "||e+ - factor e|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
+    strategy=_token_cases, check=_check_prop2, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    implementation=_impl_solvers,
+    note="App. A.4's strict ||e+|| < ||e|| needs e != 0 (a zero residual stays zero).",
+))
+
+
+def _check_exact_only_unrelaxed(case, impl, prec) -> Measurement:
+    eta, eps = case["eta"], case["eps"]
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        e = v - S.T * k
+        if mpla.fro(e) == 0 or (eta == 1.0 and eps == 0.0):
+            return Measurement(0.0, 1.0, "e = 0 or unrelaxed")
+        St = impl["kla_step_mp"](S, k, v, eta, eps)
+        residual = mpla.fro(St.T * k - v) / mpla.fro(e)
+        # the constraint is met iff the contraction factor of eq. (5) is 0 iff eta = 1 and eps = 0
+        return Measurement(float(residual == 0), 0.0, f"||S_t^T k - v|| / ||e|| = {mpmath.nstr(residual, 3)} (must be > 0)")
+
+
+register(kla(
+    id="kla.sec6.exact_only_unrelaxed", source="KLA Sec. 6 (Limitations); Sec. 3.1",
+    statement="The update meets the constraint S^T k = v (is the exact projection) only when eta = 1 and eps = 0.",
+    quantity="mp: for (eta, eps) != (1, 0) and e != 0, ||S_t^T k - v|| > 0 (value 1 if the residual vanishes, held to 0).",
+    strategy=_token_cases, check=_check_exact_only_unrelaxed,
+))
+
+
+# ------------------------------------------------------ eq. (6), decay-agnostic remark, coefficient locality
+
+
+def _check_eq6(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        states, _ = impl["recurrent_mp"](case)
+        R = mpla.mat(case["S0"]).T
+        parts = []
+        for t, (k, v, a, eta) in enumerate(zip(case["K"], case["V"], case["alpha"], case["eta"])):
+            kv, vv = mpla.vec(k), mpla.vec(v)
+            beta = impl["beta_mp"](kv, eta, case["eps"])
+            R = mpf(a) * R * (mpla.eye(kv.rows) - beta * mpla.outer(kv, kv)) + beta * mpla.outer(vv, kv)  # eq. (6)
+            parts.append(exact_identity(R, states[t].T, f"R_{t + 1} = S_{t + 1}^T"))
+        return worst(parts)
+
+
+register(kla(
+    id="kla.eq6", source="KLA Sec. 4, eq. (6)",
+    statement="With R_t = S_t^T: R_t = alpha_t R_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T, the GDN recurrence.",
+    quantity="mp: eq. (6) against the transposed tokenwise states, held to 1e-30.",
+    strategy=_sequence_cases, check=_check_eq6,
+))
+
+
+def _check_decay_agnostic(case, impl, prec) -> Measurement:
+    with mpla.exact():
+        S, k, v = _mp_token(case)
+        D = mpmath.diag([mpf(a) for a in case["alpha"]])
+        S_tilde = D * S
+        St = impl["kla_step_mp"](S_tilde, k, v, 1, 0)
+        P = mpla.eye(k.rows) - mpla.outer(k, k) / mpla.dot(k, k)
+        # projection of S~ onto A_t: S~ + k (v - S~^T k)^T / ||k||^2, whatever D_t is
+        proj = P * S_tilde + mpla.outer(k, v) / mpla.dot(k, k)
+        return worst([exact_identity(St, proj, "S_t = proj_{A_t}(D_t S_{t-1})"), exact_identity(St.T * k, v, "constraint")])
+
+
+register(kla(
+    id="kla.a5.decay_agnostic", source="KLA App. A.5 (and Sec. 3.2, 'KLA and KDA are orthogonal')",
+    statement="For any linear decay (here D_t = Diag(alpha_t)), the Kaczmarz update of S~ = D_t S_{t-1} is the orthogonal "
+              "projection of S~ onto A_t.",
+    quantity="mp: the update against (I - kk^T/||k||^2) S~ + k v^T/||k||^2 and the constraint.",
+    strategy=lambda: _token_cases(unrelaxed=True, per_channel=True), check=_check_decay_agnostic,
+))
+
+
+def _check_locality(case, impl, prec) -> Measurement:
+    ar = arith(prec)
+    K = torch.tensor(case["K"], dtype=F64).to(ar.dtype)
+    eta = torch.tensor(case["eta"], dtype=F64).to(ar.dtype)
+    whole = impl["kaczmarz_coefficient"](K, eta, eps=case["eps"], bf16_mode=ar.mode)
+    alone = torch.stack([impl["kaczmarz_coefficient"](K[t], eta[t], eps=case["eps"], bf16_mode=ar.mode) for t in range(K.shape[0])])
+    reversed_ = impl["kaczmarz_coefficient"](K.flip(0), eta.flip(0), eps=case["eps"], bf16_mode=ar.mode).flip(0)
+    differ = float((whole != alone).any() or (whole != reversed_).any())
+    return Measurement(differ, 0.0, "beta_t bitwise equal alone, in the sequence, and in the reversed sequence")
+
+
+register(kla(
+    id="kla.coefficient_locality", source="KLA eq. (3); Sec. 3.2 ('depends on S~_{t-1} and k_t, not on the decay'); Table 7",
+    statement="beta_t = eta_t/(||k_t||^2 + eps) is a function of (k_t, eta_t, eps) alone: not of the state, the position t, "
+              "the sequence length or the decay (the update, not the coefficient, depends on S~_{t-1}).",
+    quantity="solvers.kla.kaczmarz_coefficient: beta_t bitwise identical computed for the token alone, inside the sequence "
+             "and inside the reversed sequence (value = 1 if any differ, held to 0).",
+    strategy=_sequence_cases, check=_check_locality, precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    implementation=_impl_solvers,
+))
+
+
+# ------------------------------------------------------------------ chunkwise: Props. 3-4, Algorithm 1
+
+
+def _mp_chunk(case, normalize_chunk: bool):
+    """Algorithm 1 (right) as printed: gamma, B, D_gamma, A, A^-; solve (7); outputs (8) and state (9)."""
+    K, V, Q = mpla.mat(case["K"]), mpla.mat(case["V"]), mpla.mat(case["Q"])
+    S0 = mpla.mat(case["S0"])
+    T = K.rows
+    gam, g = [], mpf(1)
+    for a in case["alpha"]:
+        g = g * mpf(a)
+        gam.append(g)
+    beta = [mp_beta(K[i, :].T, case["eta"][i], case["eps"]) for i in range(T)]
+    B, Dg = mpmath.diag(beta), mpmath.diag(gam)
+    A, Am = mpmath.matrix(T, T), mpmath.matrix(T, T)
+    for i in range(T):
+        for j in range(i + 1):
+            A[i, j] = gam[i] / gam[j]
+            if j < i:
+                Am[i, j] = gam[i] / gam[j]
+    U = mpla.solve(mpla.eye(T) + B * mpla.hadamard(Am, K * K.T), B * (V - Dg * K * S0))  # eq. (7)
+    O = Dg * Q * S0 + mpla.hadamard(A, Q * K.T) * U  # eq. (8)
+    if normalize_chunk:
+        O = mpmath.diag([1 / mpla.fro(Q[i, :].T) for i in range(T)]) * O
+    S_out = gam[-1] * S0 + K.T * mpmath.diag([gam[-1] / gam[j] for j in range(T)]) * U  # eq. (9)
+    return O, S_out, U, gam
+
+
+def _chunk_condition(case) -> float:
+    """2-norm condition number of the unit lower-triangular matrix I + B(A^- . K K^T) of eq. (7)."""
+    with mpla.exact():
+        K = mpla.mat(case["K"])
+        T = K.rows
+        gam, g = [], mpf(1)
+        for a in case["alpha"]:
+            g = g * mpf(a)
+            gam.append(g)
+        M = mpla.eye(T)
+        for i in range(T):
+            b = mp_beta(K[i, :].T, case["eta"][i], case["eps"])
+            for j in range(i):
+                M[i, j] = b * gam[i] / gam[j] * (K[i, :] * K[j, :].T)[0]
+        return float(mpla.norm2(M) * mpla.norm2(mpla.inv(M)))
+
+
+def _check_props34(case, impl, prec) -> Measurement:
+    if prec == MP:
+        with mpla.exact():
+            states, outs = impl["recurrent_mp"](case)
+            O, S_out, U, gam = _mp_chunk(case, normalize_chunk=True)
+            parts = [exact_identity(S_out, states[-1], "S_out (9)")]
+            for i in range(len(outs)):
+                parts.append(exact_identity(O[i, :].T, outs[i], f"o_{i + 1} (8)"))
+                # the representation behind Prop. 3: S_i = gamma_i S_0 + sum_{r<=i} (gamma_i/gamma_r) k_r u_r^T
+                S_i = gam[i] * mpla.mat(case["S0"])
+                for r in range(i + 1):
+                    S_i += gam[i] / gam[r] * mpla.outer(mpla.vec(case["K"][r]), U[r, :].T)
+                parts.append(exact_identity(S_i, states[i], f"S_{i + 1} from U (7)"))
+            return worst(parts)
+    ar = arith(prec)
+    t = lambda x: torch.tensor(x, dtype=F64).unsqueeze(1).to(ar.dtype)  # noqa: E731  (T, H = 1, d)
+    kw = dict(alpha=torch.tensor(case["alpha"], dtype=F64).unsqueeze(1).to(ar.dtype),
+              eta=torch.tensor(case["eta"], dtype=F64).unsqueeze(1).to(ar.dtype), eps=case["eps"],
+              initial_state=torch.tensor(case["S0"], dtype=F64).unsqueeze(0).to(ar.dtype), bf16_mode=ar.mode)
+    o_c, S_c = impl["kla_chunkwise"](t(case["Q"]), t(case["K"]), t(case["V"]), chunk_size=max(1, len(case["K"]) // 2), **kw)
+    with mpla.exact():
+        states, outs = impl["recurrent_mp"](case)
+        scale = max(float(mpla.fro(S)) for S in [mpla.mat(case["S0"])] + states) + max(float(mpla.fro(mpla.vec(v))) for v in case["V"])
+    err_o = max(float(torch.linalg.vector_norm(o_c[i, 0].to(F64) - torch.tensor([float(x) for x in outs[i]], dtype=F64)))
+                for i in range(len(outs)))
+    err_S = float(torch.linalg.matrix_norm(S_c[0].to(F64) - mp_matrix_tensor(states[-1])))
+    # the precision model's allowance with the condition number of the triangular system (7) the chunk solves
+    T = len(case["K"])
+    return Measurement(max(err_o, err_S) / scale if scale > 0 else max(err_o, err_S),
+                       allowance(_chunk_condition(case), T + len(case["K"][0]), prec), "chunkwise vs exact tokenwise, / state scale")
+
+
+register(kla(
+    id="kla.props3_4", source="KLA Sec. 4, Propositions 3-4, eqs. (7)-(9); App. B.1-B.3; Algorithm 1 (right)",
+    statement="U solving (I + B(A^- . K K^T)) U = B(V - D_gamma K S_0) represents every state, S_i = gamma_i S_0 + "
+              "sum_{r<=i} (gamma_i/gamma_r) k_r u_r^T, and gives O = D_gamma Q S_0 + (A . Q K^T) U and "
+              "S_out = gamma_C S_0 + K^T Diag(gamma_C/gamma_j) U: the chunkwise algorithm equals the tokenwise one.",
+    quantity="mp: outputs, every state and S_out against the tokenwise recurrence, held to 1e-30 (queries normalised as the "
+             "text says). Working precisions: solvers.kla.kla_chunkwise against the mp recurrence, error / state scale "
+             "<= allowance(kappa(I + L), T + d_k), kappa of the triangular system (7).",
+    strategy=_sequence_cases, check=_check_props34, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    implementation=_impl_solvers,
+    note="The unit lower-triangular system is always nonsingular (Prop. 3's remark) -- used, not just claimed: it is solved.",
+))
+
+
+def _panels(form):
+    def check(case, impl, prec) -> Measurement:
+        with mpla.exact():
+            _, outs = impl["recurrent_mp"](case)
+            O, _, _, _ = _mp_chunk(case, normalize_chunk=(form == "corrected"))
+            return worst(exact_identity(O[i, :].T, outs[i], f"o_{i + 1}") for i in range(len(outs)))
+    return check
+
+
+_PANEL_EXAMPLE = {"K": ((1.0,),), "V": ((1.0,),), "Q": ((2.0,),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
+register(
+    kla(id="kla.alg1.panels.printed", source="KLA Algorithm 1, line 6 (tokenwise) vs line 7 (chunkwise)",
+        statement="The two panels of Algorithm 1 compute the same outputs: o_t = S_t^T q_t/||q_t|| and O = D_gamma Q S_0 + (A . Q K^T) U.",
+        quantity="mp: line 7's rows against line 6 for arbitrary (unnormalised) queries, held to 1e-30.",
+        strategy=_sequence_cases, check=_panels("printed"), expected=FAILS, twin="kla.alg1.panels.corrected",
+        examples=(_PANEL_EXAMPLE,)),
+    kla(id="kla.alg1.panels.corrected", source="KLA Algorithm 1 with Sec. 3.3's normalised queries",
+        statement="They agree once q_t is l2-normalised before the chunkwise readout (as Sec. 3.3 states), i.e. row i of O divided by ||q_i||.",
+        quantity="mp: against line 6, held to 1e-30.",
+        strategy=_sequence_cases, check=_panels("corrected"), form=CORRECTED, twin="kla.alg1.panels.printed"),
+)
+
+
+# ------------------------------------------------------------------------------ WY: Props. 5-6
+
+
+def _gamma_ratio(gam, r, i, convention):
+    """gamma_{r->i}: 'printed' = prod_{m=r}^{i} alpha_m = gamma_i/gamma_{r-1} (App. B); 'B.1' = gamma_i/gamma_r."""
+    if convention == "printed":
+        return gam[i] / (gam[r - 1] if r > 0 else mpf(1))
+    return gam[i] / gam[r]
+
+
+def _wy(form, which):
+    def check(case, impl, prec) -> Measurement:
+        conv = "printed" if form == "printed" else "B.1"
+        with mpla.exact():
+            K = [mpla.vec(k) for k in case["K"]]
+            V = [mpla.vec(v) for v in case["V"]]
+            T, dk, dv = len(K), K[0].rows, V[0].rows
+            gam, g = [], mpf(1)
+            for a in case["alpha"]:
+                g = g * mpf(a)
+                gam.append(g)
+            beta = [mp_beta(K[i], case["eta"][i], case["eps"]) for i in range(T)]
+            W, U, parts = [], [], []
+            P_true, H_true = mpla.eye(dk), mpla.zeros(dk, dv)
+            for i in range(T):
+                F = mpf(case["alpha"][i]) * (mpla.eye(dk) - beta[i] * mpla.outer(K[i], K[i]))
+                P_true, H_true = F * P_true, F * H_true + beta[i] * mpla.outer(K[i], V[i])  # S_i = P_i S_0 + H_i
+                lead = _gamma_ratio(gam, i, i, conv) if form == "printed" else gam[i]
+                w = beta[i] * (lead * K[i] - sum((W[r] * (mpla.dot(K[r], K[i]) * _gamma_ratio(gam, r, i, conv))
+                                                  for r in range(i)), mpla.zeros(dk)))  # eq. (19)
+                u = beta[i] * (V[i] - sum((U[r] * (mpla.dot(K[r], K[i]) * _gamma_ratio(gam, r, i, conv))
+                                           for r in range(i)), mpla.zeros(dv)))  # eq. (21)
+                W.append(w)
+                U.append(u)
+                P = gam[i] * mpla.eye(dk) - sum((_gamma_ratio(gam, r, i, conv) * mpla.outer(K[r], W[r]) for r in range(i + 1)),
+                                                mpla.zeros(dk, dk))  # eq. (18)
+                Hm = sum((_gamma_ratio(gam, r, i, conv) * mpla.outer(K[r], U[r]) for r in range(i + 1)), mpla.zeros(dk, dv))  # (20)
+                parts.append(exact_identity(P, P_true, f"P_{i + 1}") if which == "P" else exact_identity(Hm, H_true, f"H_{i + 1}"))
+            return worst(parts)
+    return check
+
+
+_WY_EXAMPLE = {"K": ((1.0,),), "V": ((1.0,),), "Q": ((1.0,),), "alpha": (0.5,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
+_TABLE6_EXAMPLE = {"K": ((2.0,),), "V": ((1.0,),), "Q": ((1.0,),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
+register(
+    kla(id="kla.prop5.printed", source="KLA App. B, Proposition 5, eqs. (18)-(19)",
+        statement="P_i = prod alpha_r (I - beta_r k_r k_r^T) = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T with "
+                  "w_i = beta_i (gamma_{i->i} k_i - sum_{r<i} w_r (k_r^T gamma_{r->i} k_i)), gamma_{j->i} = prod_{r=j}^{i} alpha_r.",
+        quantity="mp: eq. (18) with (19) and the printed gamma_{j->i} against the product, held to 1e-30.",
+        strategy=_sequence_cases, check=_wy("printed", "P"), expected=FAILS, twin="kla.prop5.corrected", examples=(_WY_EXAMPLE,),
+        note="P_1 = alpha_1 (I - beta_1 k_1 k_1^T) but (18)-(19) give alpha_1 I - alpha_1^2 beta_1 k_1 k_1^T. The proof's "
+             "4th line replaces alpha_i gamma_{i-1} = gamma_i by gamma_{i->i} = alpha_i."),
+    kla(id="kla.prop5.corrected", source="KLA App. B, Proposition 5 (corrected)",
+        statement="With gamma_{r->i} = gamma_i/gamma_r (App. B.1's substitution) and w_i = beta_i (gamma_i k_i - sum_{r<i} "
+                  "gamma_{r->i} (k_r^T k_i) w_r), P_i = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T (S-space, left products).",
+        quantity="mp: against the product, held to 1e-30.",
+        strategy=_sequence_cases, check=_wy("corrected", "P"), form=CORRECTED, twin="kla.prop5.printed"),
+    kla(id="kla.prop6.printed", source="KLA App. B, Proposition 6, eqs. (20)-(21)",
+        statement="H_i = sum_{r<=i} gamma_{r->i} k_r u_r^T with u_i = beta_i (v_i - sum_{r<i} u_r (k_r^T gamma_{r->i} k_i)), "
+                  "gamma_{j->i} = prod_{r=j}^{i} alpha_r as defined before Prop. 5.",
+        quantity="mp: eq. (20) with (21) against the unrolled H_i, held to 1e-30.",
+        strategy=_sequence_cases, check=_wy("printed", "H"), expected=FAILS, twin="kla.prop6.corrected", examples=(_WY_EXAMPLE,),
+        note="H_1 = beta_1 k_1 v_1^T but (20) gives gamma_{1->1} k_1 u_1^T = alpha_1 beta_1 k_1 v_1^T."),
+    kla(id="kla.prop6.corrected", source="KLA App. B, Proposition 6 (with App. B.1's gamma_{r->i} = gamma_i/gamma_r)",
+        statement="Eqs. (20)-(21) hold with gamma_{r->i} = gamma_i/gamma_r (the decay strictly after r).",
+        quantity="mp: against the unrolled H_i, held to 1e-30.",
+        strategy=_sequence_cases, check=_wy("corrected", "H"), form=CORRECTED, twin="kla.prop6.printed"),
+)
+
+
+def _check_wy_solver(case, impl, prec) -> Measurement:
+    ar = arith(prec)
+    K = torch.tensor(case["K"], dtype=F64).to(ar.dtype)
+    V = torch.tensor(case["V"], dtype=F64).to(ar.dtype)
+    alpha = torch.tensor(case["alpha"], dtype=F64).to(ar.dtype)
+    beta = impl["kaczmarz_coefficient"](K, torch.tensor(case["eta"], dtype=F64).to(ar.dtype), eps=case["eps"], bf16_mode=ar.mode)
+    W, U = impl["wy_representation"](K, V, beta, alpha, bf16_mode=ar.mode)
+    P, Hm = impl["wy_matrices"](K, W, U, alpha, bf16_mode=ar.mode)
+    with mpla.exact():
+        Kv = [mpla.vec(k) for k in case["K"]]
+        Vv = [mpla.vec(v) for v in case["V"]]
+        dk, dv, T = Kv[0].rows, Vv[0].rows, len(Kv)
+        gam, g = [], mpf(1)
+        for a in case["alpha"]:
+            g = g * mpf(a)
+            gam.append(g)
+        P_true, H_true, Wt, Ut, errs = mpla.eye(dk), mpla.zeros(dk, dv), [], [], []
+        for i in range(T):
+            b = mp_beta(Kv[i], case["eta"][i], case["eps"])
+            F = mpf(case["alpha"][i]) * (mpla.eye(dk) - b * mpla.outer(Kv[i], Kv[i]))
+            P_true, H_true = F * P_true, F * H_true + b * mpla.outer(Kv[i], Vv[i])
+            ratio = [gam[i] / gam[r] for r in range(i + 1)]
+            Wt.append(b * (gam[i] * Kv[i] - sum((Wt[r] * (mpla.dot(Kv[r], Kv[i]) * ratio[r]) for r in range(i)), mpla.zeros(dk))))
+            Ut.append(b * (Vv[i] - sum((Ut[r] * (mpla.dot(Kv[r], Kv[i]) * ratio[r]) for r in range(i)), mpla.zeros(dv))))
+            # sizes of the terms of eqs. (18) and (20): rounding errors are relative to these, not to P_i, H_i
+            sP = float(gam[i] + mpmath.fsum(ratio[r] * mpla.fro(Kv[r]) * mpla.fro(Wt[r]) for r in range(i + 1)))
+            sH = float(mpmath.fsum(ratio[r] * mpla.fro(Kv[r]) * mpla.fro(Ut[r]) for r in range(i + 1)))
+            eP = float(torch.linalg.matrix_norm(P[i].to(F64) - mp_matrix_tensor(P_true))) / sP
+            eH = float(torch.linalg.matrix_norm(Hm[i].to(F64) - mp_matrix_tensor(H_true)))
+            errs.append(max(eP, eH / sH if sH > 0 else eH))
+    return Measurement(max(errs), allowance(_chunk_condition(case), T + dk, prec), "P_i, H_i / sizes of their terms")
+
+
+register(kla(
+    id="kla.props5_6.solver", source="KLA App. B, Propositions 5-6 (corrected), as implemented",
+    statement="solvers.kla.wy_representation / wy_matrices reproduce P_i and H_i in every precision.",
+    quantity="||P_i - P_i,true|| and ||H_i - H_i,true||, each relative to the sizes of the terms of eqs. (18), (20), "
+             "against the allowance with the condition number of the triangular system both auxiliaries solve (as kla.props3_4).",
+    strategy=_sequence_cases, check=_check_wy_solver, precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    implementation=_impl_solvers,
+))
+
+
+def _rspace(form):
+    def check(case, impl, prec) -> Measurement:
+        with mpla.exact():
+            states, _ = impl["recurrent_mp"](case)
+            S0 = mpla.mat(case["S0"])
+            dk, dv = S0.rows, S0.cols
+            K = [mpla.vec(k) for k in case["K"]]
+            P, Hs = mpla.eye(dk), mpla.zeros(dk, dv)
+            for i in range(len(K)):
+                b = mp_beta(K[i], case["eta"][i], case["eps"])
+                F = mpf(case["alpha"][i]) * (mpla.eye(dk) - b * mpla.outer(K[i], K[i]))
+                P, Hs = F * P, F * Hs + b * mpla.outer(K[i], mpla.vec(case["V"][i]))
+            if form == "printed":
+                R0 = S0.T  # d_v x d_k
+                if P.cols != R0.rows:
+                    return Measurement(float("inf"), float(mpla.exact_tol()), f"P_i R_0: ({dk}x{dk})({dv}x{dk}) undefined")
+                return exact_identity(P * R0 + Hs.T, states[-1].T, "R_T = P_T R_0 + H_T")
+            return exact_identity(P * S0 + Hs, states[-1], "S_T = P_T S_0 + H_T")
+    return check
+
+
+_RSPACE_EXAMPLE = {"K": ((1.0, 0.0),), "V": ((1.0,),), "Q": ((1.0, 0.0),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0,
+                   "S0": ((1.0,), (0.0,))}
+register(
+    kla(id="kla.appB.rspace.printed", source="KLA App. B, 'R_i = P_i R_0 + H_i' (R = S^T, eq. (6))",
+        statement="In R-space (R_t = S_t^T, d_v x d_k), R_i = P_i R_0 + H_i with P_i = prod alpha_r (I - beta_r k_r k_r^T).",
+        quantity="mp: P_T R_0 + H_T against R_T (inf where d_v != d_k makes P_i R_0 undefined).",
+        strategy=_sequence_cases, check=_rspace("printed"), expected=FAILS, twin="kla.appB.rspace.corrected",
+        examples=(_RSPACE_EXAMPLE,),
+        note="Eq. (6) multiplies R by (I - beta k k^T) on the right, so the products act on the right of R_0; the WY forms "
+             "(18), (20) (k_r on the left) are those of S-space."),
+    kla(id="kla.appB.rspace.corrected", source="KLA App. B (in S-space)",
+        statement="S_i = P_i S_0 + H_i with left products P_i = F_i ... F_1, F_r = alpha_r (I - beta_r k_r k_r^T) (R_i = S_i^T).",
+        quantity="mp: against the tokenwise S_T, held to 1e-30.",
+        strategy=_sequence_cases, check=_rspace("corrected"), form=CORRECTED, twin="kla.appB.rspace.printed"),
+)
+
+
+def _table6(form):
+    def check(case, impl, prec) -> Measurement:
+        with mpla.exact():
+            case0 = dict(case, S0=tuple((0.0,) * len(case["V"][0]) for _ in case["K"][0]))  # the table assumes S_0 = 0
+            states, _ = impl["recurrent_mp"](case0)
+            T = len(case["K"])
+            K = [mpla.vec(k) for k in case["K"]]
+            dk = K[0].rows
+            q = mpla.vec(case["Q"][-1])
+            F = []
+            for i in range(T):
+                b = mp_beta(K[i], case["eta"][i], case["eps"])
+                F.append(mpf(case["alpha"][i]) * (mpla.eye(dk) - b * mpla.outer(K[i], K[i])))
+            o = mpla.zeros(len(case["V"][0]))
+            for j in range(T):
+                prod = mpla.eye(dk)
+                for s in range(j + 1, T):  # printed: prod_{s=j+1}^{t}, read left to right; corrected: F_t ... F_{j+1}
+                    prod = prod * F[s] if form == "printed" else F[s] * prod
+                coef = mpla.dot(q, prod * K[j])
+                if form == "corrected":
+                    coef *= mp_beta(K[j], case["eta"][j], case["eps"])
+                o += coef * mpla.vec(case["V"][j])
+            return exact_identity(o, states[-1].T * q, "o_T = S_T^T q_T (unnormalised)")
+    return check
+
+
+register(
+    kla(id="kla.table6.printed", source="KLA App. B, Table 6 (KLA row)",
+        statement="o_t = sum_{j<=t} q_t^T (prod_{s=j+1}^{t} alpha_s (I - beta_s k_s k_s^T)) k_j v_j.",
+        quantity="mp: against S_t^T q_t from the recurrence (S_0 = 0), held to 1e-30.",
+        strategy=_sequence_cases, check=_table6("printed"), expected=FAILS, twin="kla.table6.corrected", examples=(_TABLE6_EXAMPLE,),
+        note="The write beta_j is missing (the GDN and DeltaNet rows have the same omission)."),
+    kla(id="kla.table6.corrected", source="KLA App. B, Table 6 (corrected)",
+        statement="o_t = sum_{j<=t} beta_j q_t^T F_t F_{t-1} ... F_{j+1} k_j v_j with F_s = alpha_s (I - beta_s k_s k_s^T).",
+        quantity="mp: against S_t^T q_t, held to 1e-30.",
+        strategy=_sequence_cases, check=_table6("corrected"), form=CORRECTED, twin="kla.table6.printed"),
+)
+
+
+register_uncheckable(
+    Uncheckable("kla.experiments", "kla", "KLA Sec. 5, Tables 1, 3-5, Figs. 1-3",
+                "Perplexity, synthetic-task accuracy, prefill latency and decode throughput results.",
+                "Training and timing runs; the arithmetic of the reported numbers is checked by kla reported-number claims."),
+    Uncheckable("kla.table2.objectives", "kla", "KLA Sec. 3.1, Table 2",
+                "The local objective each recurrent layer's update descends.",
+                "An interpretive table (which objective an update is 'based on'); the KLA row's update is checked by "
+                "kla.thm1.* and Table 2's caption ('only model that exactly minimises the per-token loss') by "
+                "kla.thm1.constraint and kla.sec6.exact_only_unrelaxed."),
+)
