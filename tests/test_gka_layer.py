@@ -169,3 +169,12 @@ def test_bad_input_and_not_modified():
                   beta=case.beta.to(precision.dtype), solver="cg", iters=2, bf16_mode=precision.mode)
     for before, after in zip(saved, (*args, case.g, case.beta)):
         assert torch.equal(before, after)
+
+
+def test_verification_rows_hold():
+    """The family's verification table (quick): every row within its bounds, all four precisions."""
+    from analysis.verification import gka
+
+    rows = gka.rows(True)
+    assert {r.precision for r in rows} == {a.label for a in PRECISIONS}
+    assert all(r.holds for r in rows), [(r.solver, r.precision) for r in rows if not r.holds]
