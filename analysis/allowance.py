@@ -73,11 +73,13 @@ def survey_iters(method: str, kappa: float, D: int) -> int:
 class SurveyResult:
     method: str
     precision: str
-    worst_ratio: float
+    worst_ratio: float  # over the cases where the allowance applies (c kappa (n u_acc + u_store) < 1)
     worst_problem: str
     worst_iterate: int
     cases: int
     skipped: int  # allowance does not apply: stored matrix not SPD, or c kappa (n u_acc + u_store) >= 1
+    beyond_ratio: float  # over the SPD cases with c kappa (...) >= 1 but kappa (n u_acc + u_store) < 1
+    beyond_cases: int
 
 
 def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=None) -> list:
@@ -85,7 +87,7 @@ def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=No
     results = []
     for method in methods:
         for arith in PRECISIONS:
-            worst, where, at, cases, skipped = 0.0, "", -1, 0, 0
+            worst, where, at, cases, skipped, beyond, n_beyond = 0.0, "", -1, 0, 0, 0.0, 0
             for P in problems:
                 if progress:
                     progress(f"allowance {method} {arith.label} {P.name}")
@@ -93,34 +95,43 @@ def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=No
                 exact = gt.exact_solution(H, q)
                 bounds = {} if method == "cg" else {"L": P.L, "mu": P.mu}
                 kappa, D = float(allowance_kappa(exact.eigenvalues, **bounds)), H.shape[-1]
-                if not (bool(exact.spd) and allowance_applies(kappa, D, arith)):
+                unit = kappa * (D * arith.u_acc + arith.u_store)
+                applies = bool(exact.spd) and allowance_applies(kappa, D, arith)
+                if not applies:
                     skipped += 1
-                    continue
+                    if not (bool(exact.spd) and unit < 1.0):
+                        continue
                 iters = survey_iters(method, P.L / P.mu, D)
                 split = gt.error_split(method, H, q, iters=iters, L=P.L, mu=P.mu, bf16_mode=arith.mode)
-                unit = kappa * (D * arith.u_acc + arith.u_store)
                 measured = split.forward[-1:] if method == "cg" else split.rounding
                 ratios = measured / unit
                 i = int(torch.argmax(ratios))
+                if not applies:
+                    n_beyond += 1
+                    beyond = max(beyond, float(ratios[i]))
+                    continue
                 cases += 1
                 if float(ratios[i]) > worst:
                     worst, where = float(ratios[i]), P.name
                     at = iters if method == "cg" else i
-            results.append(SurveyResult(method, arith.label, worst, where, at, cases, skipped))
+            results.append(SurveyResult(method, arith.label, worst, where, at, cases, skipped, beyond, n_beyond))
     return results
 
 
 def as_markdown(results: list) -> str:
     lines = [
         f"Worst rounding / (kappa (n u_acc + u_store)) per solver and precision (c = {ALLOWANCE_C:g}).",
+        "'beyond': SPD cases outside the guarantee (c kappa (n u_acc + u_store) >= 1) but with",
+        "kappa (n u_acc + u_store) < 1.",
         "",
-        "| solver | precision | worst ratio | margin c/ratio | problem | iterate | cases | no guarantee |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| solver | precision | worst ratio | margin c/ratio | problem | iterate | cases | no guarantee "
+        "| worst ratio beyond | cases beyond |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         margin = ALLOWANCE_C / r.worst_ratio if r.worst_ratio > 0 else float("inf")
         lines.append(f"| {r.method} | {r.precision} | {r.worst_ratio:.3g} | {margin:.3g} | {r.worst_problem} | "
-                     f"{r.worst_iterate} | {r.cases} | {r.skipped} |")
+                     f"{r.worst_iterate} | {r.cases} | {r.skipped} | {r.beyond_ratio:.3g} | {r.beyond_cases} |")
     return "\n".join(lines) + "\n"
 
 

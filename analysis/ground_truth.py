@@ -265,6 +265,9 @@ _REPLAYS = {"chebyshev": _replay_chebyshev, "cg": _replay_cg, "gd": _replay_gd, 
 # ------------------------------------------------------------------------------ cache
 
 
+_WRITTEN: set = set()  # cache files written by this process
+
+
 def _cache_dir() -> Optional[pathlib.Path]:
     if os.environ.get("SVT_NO_CACHE", "") not in ("", "0"):
         return None
@@ -301,7 +304,8 @@ def _cached(kind: str, key: str, compute, recompute: bool):
     if folder is None:
         return compute()
     path = folder / kind / f"{key}.pt"
-    if path.exists() and not _recompute_requested(recompute):
+    # A recompute request recomputes each entry once per process, not at every use.
+    if path.exists() and (path in _WRITTEN or not _recompute_requested(recompute)):
         try:
             return torch.load(path, weights_only=True)
         except Exception:  # a truncated file from an interrupted run: recompute it
@@ -311,6 +315,7 @@ def _cached(kind: str, key: str, compute, recompute: bool):
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
         torch.save(value, f)
     os.replace(f.name, path)
+    _WRITTEN.add(path)
     return value
 
 

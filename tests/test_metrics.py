@@ -142,6 +142,7 @@ def test_cache_hit_and_recompute(tmp_path, monkeypatch):
     b = gt.replay("chebyshev", S.H, S.q, iters=5, L=S.L, mu=S.mu)
     assert torch.equal(a.iterates.hi, b.iterates.hi)
     assert [f.stat().st_mtime_ns for f in files] == mtimes  # read, not rewritten
+    gt._WRITTEN.clear()  # as in a new process
     gt.replay("chebyshev", S.H, S.q, iters=5, L=S.L, mu=S.mu, recompute=True)
     assert [f.stat().st_mtime_ns for f in files] != mtimes
 
