@@ -11,6 +11,10 @@ from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
 from .cholesky import CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper
 from .chebyshev_backward import ChebyshevSolve, algorithm2_as_printed, chebyshev_backward, chebyshev_solve
+from .gates import GATES, BalancedGate, SigmoidGate, SoftplusGate, cumulative_log_decay, gradient_over_weight, stable_gradient_scale
+from .gka import GKAInfo, gka_layer
+from .gka_chunk import chunkwise_Bk, chunkwise_frobenius
+from .gka_grad import GKAGrads, gka_autograd_grads, gka_implicit_grads
 from .gradient import agd, gd
 from .kaczmarz import kaczmarz
 from .kla import (
@@ -42,6 +46,20 @@ from .koopman import (
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
+    "GATES",
+    "BalancedGate",
+    "GKAGrads",
+    "GKAInfo",
+    "SigmoidGate",
+    "SoftplusGate",
+    "chunkwise_Bk",
+    "chunkwise_frobenius",
+    "cumulative_log_decay",
+    "gka_autograd_grads",
+    "gka_implicit_grads",
+    "gka_layer",
+    "gradient_over_weight",
+    "stable_gradient_scale",
     "CholeskyError",
     "CholeskyInfo",
     "JitterWarning",
