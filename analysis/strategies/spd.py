@@ -54,7 +54,7 @@ def spectrum(D: int, kappa: float, kind: str = "geometric", *, lam_max: float = 
         g = torch.Generator().manual_seed(seed)
         inner = torch.exp(torch.rand(D - 2, generator=g, dtype=_F64) * torch.log(torch.tensor(float(kappa), dtype=_F64)))
         lam = torch.cat([torch.tensor([lo, lam_max], dtype=_F64), lo * inner])
-    lam, _ = torch.sort(lam)
+    lam, _ = torch.sort(torch.clamp(lam, lo, lam_max))  # clusters wider than [lo, lam_max] at kappa < 1.1
     lam[0], lam[-1] = lo, lam_max  # the prescribed ends exactly
     return lam
 
