@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernels  # noqa: E402
 import solvers  # noqa: E402
 from kernels import _launch as launch  # noqa: E402
-from kernels import chebyshev as cheb_mod  # noqa: E402
+from kernels.chebyshev import constants, run  # noqa: E402
 
 D = 128
 SUB = 512
@@ -107,13 +107,13 @@ def main(argv=None) -> int:
         io = A.numel() * es + 2 * q.numel() * es
         Lt = torch.full((N,), L, dtype=torch.float64, device="cuda")
         mt = torch.full((N,), mu, dtype=torch.float64, device="cuda")
-        step, rho2 = cheb_mod.constants(Lt, mt)
+        step, rho2 = constants(Lt, mt)
         modes = MODES if dt == torch.bfloat16 else {"fma": launch.FMA, "fma_HT(sym)": launch.FMA_HT,
                                                     "dot_tf32": launch.DOT_TF32}
         for mname, mode in modes.items():
             for nw in (4, 8, 16):
                 record(f"chebyshev r=30 {mname} nw={nw}", name,
-                       lambda mode=mode, nw=nw: cheb_mod.run(A, q, step, rho2, r, mode=mode, out_dtype=dt, warps=nw),
+                       lambda mode=mode, nw=nw: run(A, q, step, rho2, r, mode=mode, out_dtype=dt, warps=nw),
                        io, out_index=0)
         record("kernels.chebyshev r=30 (default)", name, lambda: kernels.chebyshev(A, q, L=L, mu=mu, iters=r), io)
         record("kernels.chebyshev_adaptive r=30", name,

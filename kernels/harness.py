@@ -8,15 +8,16 @@ For every case a strategy draws, the inputs are rounded to ``precision`` (the ke
 dtype); the kernel runs on them; the reference runs in float32 on the same values (widened
 exactly). For each output and system the error ``||kernel - reference||`` is held to
 
-    bound = (allowance(model) + allowance(float32)) * scale  +  u(out) ||kernel output||
+    bound = B(model) + B(float32)  +  u(out) ||kernel output||
 
-* ``allowance(arith) = analysis.precision.rounding_allowance(kappa, n, arith)``, the precision
-  model's bound on a stable solve's relative rounding error (docs/precision.md), once for
-  the kernel's arithmetic (``model``: "float32" for kernels that keep float32 iterates,
-  "bfloat16/storage" for kernels that store bf16 intermediates) and once for the float32
-  reference; their sum bounds the distance between the two runs (triangle inequality);
-* ``scale``: the strategy's bound on the size the relative error refers to, e.g.
-  ``||x*|| <= ||q|| / lambda_min`` for a solve;
+* ``B(arith)`` bounds one run's rounding error in that arithmetic (distance to the exact
+  result of the same algorithm on the same inputs): once for the kernel's arithmetic
+  (``model``: "float32" for kernels that keep float32 iterates, "bfloat16/storage" for
+  kernels that store bf16 intermediates) and once for the float32 reference; their sum
+  bounds the distance between the two runs (triangle inequality). The strategy supplies B:
+  for linear solvers the precision model's allowance
+  ``analysis.precision.rounding_allowance(kappa, n, arith)`` (docs/precision.md) times a
+  bound on ``||x*||``; for KLA the running error bounds of ``analysis.kaczmarz_bounds``;
 * the last term is the one rounding of the stored result to the kernel's output dtype.
 
 A NaN (an unwritten output: :func:`nan_poisoned_empty` fills fresh buffers with NaN) fails.
@@ -93,10 +94,9 @@ class Case:
 class Strategy:
     """How to draw cases and what bounds their outputs.
 
-    ``scales(case, rounded, arith_bound)`` returns one per-system tensor per output: the
-    bound on that output's error (before the output-rounding term). ``arith_bound(kappa, n)``
-    is the summed allowance of the kernel's model and the float32 reference; ``rounded``
-    holds the inputs as the kernel saw them (float64 values, on the device).
+    ``scales(case, rounded, model)`` returns one per-system tensor per output: the bound
+    ``B(model) + B(float32)`` on that output's error (before the output-rounding term);
+    ``rounded`` holds the inputs as the kernel saw them (float64 values, on the device).
     """
 
     name: str
@@ -179,11 +179,37 @@ def _kappa(H: torch.Tensor, options: dict) -> torch.Tensor:
     return ev[..., -1] / ev[..., 0]
 
 
-def _solve_scales(case, rounded, arith_bound):
+def allowances(kappa, n: int, model: Arith) -> torch.Tensor:
+    """``allowance(model) + allowance(float32)`` (analysis.precision.rounding_allowance)."""
+    kappa = torch.as_tensor(kappa, dtype=torch.float64)
+    return (rounding_allowance(1.0, n, model) + rounding_allowance(1.0, n, REFERENCE_ARITH)) * kappa
+
+
+def _solve_scales(case, rounded, model):
     """x: ||x_kernel - x_ref|| <= allowances * ||x*||, ||x*|| <= ||q|| / lambda_min."""
     H, q = rounded["H"], rounded["q"]
     D = H.shape[-1]
-    return (arith_bound(_kappa(H, case.options), D) * q.norm(dim=-1) / _lam_min(H),)
+    return (allowances(_kappa(H, case.options), D, model).to(H.device) * q.norm(dim=-1) / _lam_min(H),)
+
+
+def _cg_scales(case, rounded, model):
+    """CG has no forward-stable rounding bound: two finite-precision runs lose orthogonality
+    differently and their iterates can part by far more than kappa n u mid-convergence
+    (docs/precision.md measures CG by its attainable accuracy). What holds for each run is
+    the Chebyshev bound in the H-norm, ``||x_k - x*||_H <= 2 R_a^k ||x*||_H`` (Greenbaum
+    1989: finite-precision CG behaves as exact CG on a matrix with eigenvalues in tiny
+    intervals around H's), plus its attainable accuracy, taken as the allowance. In the
+    2-norm ``||e||_2 <= sqrt(kappa) ||e||_H / ||x*||_H * ||x*||_2``; so
+    ``||x_kernel - x_ref|| <= (2 sqrt(kappa) min(1, 2 R_a^k) + allowances) ||q|| / lambda_min``.
+    The check bites once CG has converged (and on NaN); the identity test of
+    tests/test_kernels_gradient_cg.py pins the first steps."""
+    H, q = rounded["H"], rounded["q"]
+    D = H.shape[-1]
+    ev = torch.linalg.eigvalsh(H)
+    kappa = ev[..., -1] / ev[..., 0]
+    ra = (kappa.sqrt() - 1) / (kappa.sqrt() + 1)
+    trunc = 2.0 * kappa.sqrt() * torch.clamp(2.0 * ra ** case.options["iters"], max=1.0)
+    return ((trunc + allowances(kappa, D, model).to(H.device)) * q.norm(dim=-1) / ev[..., 0],)
 
 
 def spd(max_d: int = 16, max_batch: int = 4, max_iters: int = 30, max_kappa: float = 100.0,
@@ -194,7 +220,10 @@ def spd(max_d: int = 16, max_batch: int = 4, max_iters: int = 30, max_kappa: flo
     ``device``: where cases are generated (the GPU for large batches)."""
     cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
                       bounds=bounds, cotangent=False, methods=None, precision=precision, device=device)
-    return Strategy("spd" if bounds else "spd_nobounds", cases, ("x",), (1,), _solve_scales,
+    if not bounds:
+        return Strategy("spd_nobounds", cases, ("x",), (1,), _cg_scales,
+                        doc="SPD systems for CG; bound: both runs within CG's convergence bound (_cg_scales)")
+    return Strategy("spd", cases, ("x",), (1,), _solve_scales,
                     doc="SPD systems; bound: allowances * ||q|| / lambda_min")
 
 
@@ -264,7 +293,7 @@ def adjoint_sum(H, q, g, L, mu, iters: int) -> torch.Tensor:
     return total * xi_max
 
 
-def _backward_scales(case, rounded, arith_bound):
+def _backward_scales(case, rounded, model):
     """dq = p_r(H) g (Lemma 2) is a solve-like map: allowances * 3 ||g|| / lambda_min (|p_r|
     <= (1 + 2 R_a^{r+1}) / lambda_min on the spectrum). dH:
     * implicit, dH = -dq x^T: allowances * (||dq|| ||x|| relative errors of both factors)
@@ -277,7 +306,7 @@ def _backward_scales(case, rounded, arith_bound):
     H, q, g = rounded["H"], rounded["q"], rounded["grad_x"]
     opts = case.options
     D = H.shape[-1]
-    a = arith_bound(_kappa(H, opts), D)
+    a = allowances(_kappa(H, opts), D, model).to(H.device)
     lmin = _lam_min(H)
     dq = a * 3.0 * g.norm(dim=-1) / lmin
     method = opts["method"]
@@ -303,10 +332,60 @@ def spd_backward(max_d: int = 16, max_batch: int = 4, max_iters: int = 12, max_k
                     doc="SPD systems + cotangent; bounds in _backward_scales")
 
 
+@st.composite
+def _kla_case(draw, *, max_T, dims, max_heads, max_batch, chunk_size, per_channel, precision, device):
+    from analysis.strategies import kla_case
+
+    T = draw(st.sampled_from(sorted({1, 5, chunk_size - 1, chunk_size, chunk_size + 3, 100, 300, max_T}
+                                    & set(range(1, max_T + 1)))))
+    lo = 10.0 ** draw(st.floats(-1.0, 0.0))
+    c = kla_case(T, B=draw(st.integers(1, max_batch)), H=draw(st.integers(1, max_heads)),
+                 d_k=draw(st.sampled_from(dims)), d_v=draw(st.sampled_from(dims)),
+                 key_norms=(lo, lo * 10.0 ** draw(st.floats(0.0, 1.0))),
+                 per_channel=draw(st.booleans()) if per_channel else False,
+                 alpha=(draw(st.sampled_from((0.5, 0.9, 0.99))), 1.0), eta=(0.5, 1.0),
+                 chunk_size=chunk_size, seed=draw(st.integers(0, 2**31 - 1)))
+    # gates as the kernel stores them (rounded to its input dtype), passed to both callables
+    opts = {"alpha": c.alpha.to(precision).to(torch.float32).to(device),
+            "eta": c.eta.to(precision).to(torch.float32).to(device), "eps": c.eps, "chunk_size": chunk_size}
+    label = (f"B,T,H={tuple(c.q.shape[:3])} d_k={c.q.shape[-1]} d_v={c.v.shape[-1]} key_norms~{lo:.2g} "
+             f"alpha>={float(c.alpha.min()):.2g} per_channel={c.per_channel} seed={c.seed}")
+    return Case({"q": c.q.to(device), "k": c.k.to(device), "v": c.v.to(device)}, opts, label)
+
+
+def _kla_scales(case, rounded, model):
+    """o_t and S_T: the kernel's chunkwise running error bound in its model plus the float32
+    reference's (tokenwise and chunkwise bounds added, so either reference form is covered):
+    ``analysis.kaczmarz_bounds.kla_chunkwise_bound`` / ``kla_tokenwise_bound`` (docs/kla.md)."""
+    from analysis.kaczmarz_bounds import kla_chunkwise_bound, kla_tokenwise_bound
+
+    x = {k: v.cpu() for k, v in rounded.items()}
+    kw = dict(alpha=case.options["alpha"].cpu().double(), eta=case.options["eta"].cpu().double(),
+              eps=case.options["eps"])
+    C = case.options["chunk_size"]
+    Bo, BS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=model, **kw)
+    To, TS = kla_tokenwise_bound(x["q"], x["k"], x["v"], arith=REFERENCE_ARITH, **kw)
+    Co, CS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=REFERENCE_ARITH, **kw)
+    dev = rounded["q"].device
+    return (Bo + To + Co).to(dev), (BS + TS + CS).to(dev)
+
+
+def kla(max_T: int = 300, dims=(16, 32, 64), max_heads: int = 2, max_batch: int = 2, chunk_size: int = 64,
+        per_channel: bool = False, precision: torch.dtype = torch.bfloat16, device="cpu", **_unused) -> Strategy:
+    """KLA sequences (analysis.strategies.kla_case) in fla's layout ``(B, T, H, d)``, for
+    ``f(q, k, v, *, alpha, eta, eps, chunk_size) -> (o, S_T)`` (solvers.kla_chunkwise,
+    solvers.kla_recurrent, a KLA kernel); zero initial state; T around the chunk size."""
+    cases = _kla_case(max_T=max_T, dims=tuple(dims), max_heads=max_heads, max_batch=max_batch,
+                      chunk_size=chunk_size, per_channel=per_channel, precision=precision, device=device)
+    return Strategy("kla", cases, ("o", "S_T"), (1, 2), _kla_scales,
+                    doc="KLA sequences; bound: analysis.kaczmarz_bounds running error bounds")
+
+
 STRATEGIES = {
     "spd": spd,
     "spd_nobounds": lambda **kw: spd(bounds=False, **kw),
     "spd_backward": spd_backward,
+    "kla": kla,
 }
 
 
@@ -382,12 +461,7 @@ def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: to
         raise AssertionError(f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel "
                              f"and {len(r_out)} from the reference")
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
-
-    def arith_bound(kappa, n):
-        kappa = torch.as_tensor(kappa, dtype=torch.float64)
-        return (rounding_allowance(1.0, n, model) + rounding_allowance(1.0, n, REFERENCE_ARITH)) * kappa
-
-    scales = strategy.scales(case, exact, arith_bound)
+    scales = strategy.scales(case, exact, model)
     findings = []
     for name, core, k, r, b in zip(strategy.outputs, strategy.core_dims, k_out, r_out, scales):
         if k.shape != r.shape:
@@ -488,8 +562,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    strat = STRATEGIES[args.strategy](max_d=args.max_d, max_batch=args.max_batch,
-                                      precision=PRECISIONS[args.precision], device=device)
+    sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
+    strat = STRATEGIES[args.strategy](precision=PRECISIONS[args.precision], device=device, **sizes)
     rep = check(load(args.kernel), load(args.reference), strat, precision=args.precision, model=args.model,
                 examples=args.examples, device=device)
     print(rep)

@@ -73,8 +73,9 @@ def agd_without_momentum(H, q, *, L, mu, iters, **kw):
     return kernels.agd(H, q, L=L, mu=L, iters=iters, **kw)
 
 
-def cg_one_step_short(H, q, *, iters, **kw):
-    return kernels.cg(H, q, iters=max(iters - 1, 0), **kw)
+def cg_doubled_matrix(H, q, *, iters, **kw):
+    """alpha with p^T (2H) p: every step half as long; converges to x*/2."""
+    return kernels.cg(H * 2, q, iters=iters, **kw)
 
 
 def test_property_check_catches_wrong_gd_step():
@@ -85,8 +86,34 @@ def test_property_check_catches_agd_without_momentum():
     broken_fails(fp32_out(agd_without_momentum), solvers.agd, small(harness.spd, "float32"))
 
 
-def test_property_check_catches_cg_off_by_one():
-    broken_fails(fp32_out(cg_one_step_short), solvers.cg, small(harness.spd, "float32", bounds=False))
+def test_property_check_catches_cg_wrong_alpha():
+    broken_fails(fp32_out(cg_doubled_matrix), solvers.cg, small(harness.spd, "float32", bounds=False))
+
+
+def _first_cg_step_error(kernel_cg, H, q):
+    """||x_1 - alpha q|| / ||x_1|| with alpha = q^T q / q^T H q in float64 (CG's first step,
+    an identity), next to its bound: rr and q^T (H q) in float32 carry relative errors
+    gamma_n and gamma_{2n} sqrt(n) kappa (|q|^T |H| |q| <= sqrt(n) ||H|| ||q||^2,
+    q^T H q >= lambda_min ||q||^2); the quotient and the product alpha q add 2u."""
+    x1 = kernel_cg(H, q, iters=1, out_dtype=torch.float32).double()
+    H64, q64 = H.double(), q.double()
+    alpha = (q64 * q64).sum(-1) / (q64 * (H64 @ q64.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    exact = alpha.unsqueeze(-1) * q64
+    ev = torch.linalg.eigvalsh(H64)
+    n, u = H.shape[-1], 2.0**-24
+    gamma = lambda m: m * u / (1 - m * u)  # noqa: E731
+    bound = gamma(n) + gamma(2 * n) * n**0.5 * ev[..., -1] / ev[..., 0] + 2 * u
+    return (x1 - exact).norm(dim=-1) / exact.norm(dim=-1), bound
+
+
+def test_cg_first_step_is_the_closed_form():
+    H = harness.spd_matrices(9, 3, 30.0, 2.0, torch.Generator().manual_seed(7)).float().to(DEVICE)
+    q = torch.randn(3, 9, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    err, bound = _first_cg_step_error(kernels.cg, H, q)
+    assert (err <= bound).all()
+    # and the check fails a kernel that is one step short (x_0 = 0)
+    err, bound = _first_cg_step_error(lambda H, q, iters, **kw: kernels.cg(H, q, iters=iters - 1, **kw), H, q)
+    assert not (err <= bound).any()
 
 
 @pytest.mark.gpu
