@@ -38,6 +38,7 @@ import torch
 from solvers._arith import Arith
 from solvers.gka_chunk import chunkwise_frobenius
 
+from . import ground_truth as gt
 from . import mp as amp
 from .precision import rounding_allowance
 
@@ -60,37 +61,17 @@ def _outer(a, b):
     return out
 
 
-def chebyshev_mp(A, q, L, mu, iters: int):
-    """GKA Algorithm 1 in mpmath (the recurrence of ``solvers.chebyshev``, exact constants)."""
-    rho2 = ((L - mu) / (L + mu)) ** 2
-    step = 2 / (L + mu)
-    omega = mpmath.mpf(2)
-    prev = mpmath.matrix(q.rows, 1)
-    xi = step * q
-    for _ in range(iters):
-        omega = 4 / (4 - rho2 * omega)
-        new = xi - (omega * step) * (A * xi - q) + (omega - 1) * (xi - prev)
-        prev, xi = xi, new
-    return xi
-
-
-def cg_mp(A, q, iters: int):
-    """Hestenes-Stiefel CG from 0 in mpmath (the recurrence of ``solvers.cg``, no tolerance)."""
-    x = mpmath.matrix(q.rows, 1)
-    r = q.copy()
-    p = q.copy()
-    rr = mpmath.fsum(v * v for v in r)
-    for _ in range(iters):
-        if rr == 0:
-            break
-        Ap = A * p
-        alpha = rr / mpmath.fsum(p[i] * Ap[i] for i in range(p.rows))
-        x = x + alpha * p
-        r = r - alpha * Ap
-        rr_new = mpmath.fsum(v * v for v in r)
-        p = r + (rr_new / rr) * p
-        rr = rr_new
-    return x
+def _replay(solver: str, A, q, L, mu, iters: int):
+    """The working solver's iteration replayed in mpmath on the exact system (the replays of
+    ``analysis.ground_truth``, fed the exact L and mu of this token rather than float64 ones)."""
+    rows = [[A[i, j] for j in range(A.cols)] for i in range(A.rows)]
+    qs = [q[i] for i in range(q.rows)]
+    if solver == "chebyshev":
+        consts = {"step": 2 / (L + mu), "rho2": ((L - mu) / (L + mu)) ** 2}
+        x = gt._replay_chebyshev(rows, qs, iters, consts)[-1]
+    else:
+        x = gt._replay_cg(rows, qs, iters, {})[-1]
+    return mpmath.matrix(x)
 
 
 def ridge_kappa(a: float) -> mpmath.mpf:
@@ -196,10 +177,8 @@ def layer_truth(q, k, v, *, a: float, g=None, beta=None, solver: str = "exact", 
             A = H + lam * mpmath.eye(D)
             x = amp.solve_spd(A, qt)
             y = U * x
-            if solver == "chebyshev":
-                out["y_mp"].append(U * chebyshev_mp(A, qt, fro + lam, lam, iters))
-            elif solver == "cg":
-                out["y_mp"].append(U * cg_mp(A, qt, iters))
+            if solver != "exact":
+                out["y_mp"].append(U * _replay(solver, A, qt, fro + lam, lam, iters))
             ev = mpmath.eigsy(A, eigvals_only=True)
             lo, hi = min(ev), max(ev)
             out["y_star"].append(y)

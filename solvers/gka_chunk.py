@@ -24,8 +24,6 @@ intra-chunk quantities live in the compute dtype (what a kernel keeps on chip).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from . import _validate as check
@@ -204,16 +202,11 @@ def chunkwise_Bk(k, w, *, g=None, beta=None, chunk_size: int, cross: str = "corr
     w = w.to(f64).expand(*B, kk.shape[-2])
     gg = None if gg is None else gg.to(f64)
     bb = None if bb is None else bb.to(f64)
-    ar = Arith(f64)
     chunks = _chunks(kk.shape[-2], chunk_size)
     D = kk.shape[-1]
-    Gs, H0s, H0 = [], [], torch.zeros(*B, D, D, dtype=f64, device=kk.device)
-    for s, e in chunks:
-        G = torch.zeros(*B, e - s, dtype=f64, device=kk.device) if gg is None else torch.cumsum(gg[..., s:e], -1)
-        bc = None if bb is None else bb[..., s:e]
-        Gs.append(G)
-        H0s.append(H0)
-        H0 = chunk_state_update(ar, H0, kk[..., s:e, :], G, bc)
+    _, H0s = chunkwise_frobenius(kk, g=gg, beta=bb, chunk_size=chunk_size, return_states=True)
+    Gs = [torch.zeros(*B, e - s, dtype=f64, device=kk.device) if gg is None else torch.cumsum(gg[..., s:e], -1)
+          for s, e in chunks]
     out = [None] * len(chunks)
     Bt = torch.zeros(*B, D, D, dtype=f64, device=kk.device)
     for n in reversed(range(len(chunks))):
@@ -221,8 +214,8 @@ def chunkwise_Bk(k, w, *, g=None, beta=None, chunk_size: int, cross: str = "corr
         K, G = kk[..., s:e, :], Gs[n]
         bc = None if bb is None else bb[..., s:e]
         coef = torch.exp(G[..., -1:]) if cross == "printed" else torch.exp(G[..., -1:] - G)
-        out[n] = chunk_intra_Bk(H0s[n], K, G, w[..., s:e], bc) + coef.unsqueeze(-1) * (K @ Bt.transpose(-1, -2))
-        Bt = torch.exp(G[..., -1])[..., None, None] * Bt + chunk_intra_Btilde(H0s[n], K, G, w[..., s:e], bc)
+        out[n] = chunk_intra_Bk(H0s[..., n, :, :], K, G, w[..., s:e], bc) + coef.unsqueeze(-1) * (K @ Bt.transpose(-1, -2))
+        Bt = torch.exp(G[..., -1])[..., None, None] * Bt + chunk_intra_Btilde(H0s[..., n, :, :], K, G, w[..., s:e], bc)
     return torch.cat(out, dim=-2) if out else torch.zeros(*B, 0, D, dtype=f64, device=kk.device)
 
 
