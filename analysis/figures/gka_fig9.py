@@ -27,7 +27,7 @@ from analysis import bounds
 from analysis.precision import PRECISIONS
 
 from . import _common as C
-from ._runs import WORKSPACE_BYTES
+from ._runs import workspace_bytes
 
 NAME = "gka_fig9"
 HELP = "GKA Fig. 9: max regularised and true residual of CH vs iteration for a in {0.01, 0.02, 0.05, 0.1}"
@@ -61,7 +61,7 @@ def compute(params: dict) -> dict:
     s = params["scale"]
     dev = torch.device(params["device"])
     D, iters = s["D"], params["iters"]
-    chunk = max(1, WORKSPACE_BYTES // ((iters + 1) * D * D * 8))
+    chunk = max(1, workspace_bytes(dev) // ((iters + 1) * D * D * 8))
     out = {}
     for a in params["ridges"]:
         P = solvers.fig1a_problems(s["B"], s["T"], s["heads"], s["D"], a=a, seed=params["seed"], device=dev)
