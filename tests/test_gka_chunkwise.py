@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from analysis.gka_reference import abs_state_fro, chunk_frobenius_bound, log_decay_mass, naive_frobenius_bound
 from analysis.precision import ALLOWANCE_C, PRECISIONS
-from analysis.strategies.gates import GATE_REGIMES
+from analysis.strategies.gates import GATE_REGIMES, log_gate_values
 from analysis.strategies.gka import GKACase, gka_case, gka_cases
 from solvers._arith import Arith
 from solvers.gka import gka_layer
@@ -155,6 +155,17 @@ def test_ratio_mask_underflows_log_mask_does_not():
     assert abs(float(logm[6, 7]) / math.exp(-20.0) - 1) <= 8 * 2.0**-24  # cumsum of 8 exact terms + exp
     g64 = torch.linspace(-0.5, -0.01, 8, dtype=F64)  # moderate gates: the two forms agree
     assert torch.allclose(ratio_decay_mask(torch.exp(g64)), decay_mask(torch.cumsum(g64, -1)), rtol=32 * U64, atol=0)
+
+
+@given(g=log_gate_values(6, "moderate"))
+def test_log_mask_equals_ratio_mask_for_moderate_gates(g):
+    """Where nothing underflows the two forms of M agree: each entry is a product/quotient of at
+    most 2C rounded factors (cumprod, ratio) or a sum of C logs and an exp, so within 4 C u each."""
+    ratio = ratio_decay_mask(torch.exp(g))
+    logm = decay_mask(torch.cumsum(g, -1))
+    C = g.shape[-1]
+    tol = 4 * C * U64 * (1 + float(g.abs().sum()))  # the log form's exponent error grows with sum|g|
+    assert torch.allclose(ratio, logm, rtol=tol, atol=0)
 
 
 @pytest.mark.parametrize("regime", GATE_REGIMES)
