@@ -102,7 +102,7 @@ def implicit_grads(q, k, v, g, beta, dy, *, a, solver, iters, arith):
                                bf16_mode=arith.mode)
     else:
         dq = solvers.cg(A, dx, iters=iters, bf16_mode=arith.mode)
-    x, H, U, fro = tr.x.to(F64), tr.H.to(F64), tr.U.to(F64), tr.fro.to(F64)
+    x, H, fro = tr.x.to(F64), tr.H.to(F64), tr.fro.to(F64)
     dq = dq.to(F64)
     gamma = torch.exp(g.to(arith.dtype).to(F64))
     b = beta.to(arith.dtype).to(F64)
@@ -110,7 +110,6 @@ def implicit_grads(q, k, v, g, beta, dy, *, a, solver, iters, arith):
     dk = lemma1_dk(k.to(arith.dtype).to(F64), dq, x, H, w, gamma=gamma, beta=b)
     Q = reverse_decay_sum(dy.unsqueeze(-1) * x.unsqueeze(-2), gamma)  # value path of dk
     dk = dk + ((Q.transpose(-1, -2) @ (b.unsqueeze(-1) * v.to(arith.dtype).to(F64)).unsqueeze(-1)).squeeze(-1))
-    del U
     return dq, dk
 
 
