@@ -93,9 +93,10 @@ def eigh(A: mpmath.matrix):
 
 
 def eigvals(A: mpmath.matrix) -> list:
-    """Eigenvalues of a general square matrix (complex mpc)."""
-    E = mpmath.eig(A, left=False, right=False)
-    return list(E)
+    """Eigenvalues of a general square matrix (complex mpc). (mpmath.eig ignores left/right for 1 x 1.)"""
+    if A.rows == 1:
+        return [A[0, 0]]
+    return list(mpmath.eig(A, left=False, right=False))
 
 
 def singular_values(A: mpmath.matrix) -> list:
