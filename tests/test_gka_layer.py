@@ -92,8 +92,10 @@ def test_batch_broadcast_and_layout():
     for b in range(2):
         for h in range(3):
             one = gka_layer(case.q[b, h], case.k[b, h], case.v[b, h], a=0.1, g=g, beta=case.beta[b, h])
-            # same arithmetic per system; batched matmuls may block sums differently: 4 D u
-            assert torch.allclose(y[b, h], one, rtol=0, atol=4 * 3 * 2.0**-53 * float(one.abs().max()) + 1e-300)
+            # same arithmetic per system, but batched matmuls may sum in another order: ROUND on each side
+            truth = layer_truth(case.q[b, h], case.k[b, h], case.v[b, h], a=0.1, g=g, beta=case.beta[b, h])
+            gap = (y[b, h] - one).norm(dim=-1) / truth.scale
+            assert (gap <= 2 * layer_rounding_bound(truth, 3, 0.1, Arith(F64))).all()
     bthd = [x.transpose(1, 2) for x in (case.q, case.k, case.v)]  # fla layout (B, T, H, D)
     y2 = gka_layer(*[x.transpose(1, 2) for x in bthd], a=0.1, g=g, beta=case.beta).transpose(1, 2)
     assert torch.equal(y2.transpose(1, 2), y)
