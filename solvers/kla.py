@@ -276,8 +276,10 @@ def _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_que
         check.same_kind("initial_state", S0, "q", q)
         if S0.shape[-3:] != (H, d_k, d_v):
             raise ValueError(f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {d_v}), got {tuple(S0.shape)}")
-        check.batch_shape("initial_state and q", S0.shape[:-3], tuple(lead))
-        S0 = S0.expand(*lead, H, d_k, d_v)
+        try:
+            S0 = S0.expand(*lead, H, d_k, d_v)
+        except RuntimeError:
+            raise ValueError(f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not broadcast to q's {tuple(lead)}") from None
     # (..., T, H, d) -> (..., H, T, d): the recurrence runs along T for every head at once.
     qh, kh, vh = (t.movedim(-3, -2) for t in (q, k, v))
     alpha_h = alpha_t.movedim(-3, -2) if per_channel else alpha_t.movedim(-2, -1)

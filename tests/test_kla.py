@@ -440,6 +440,7 @@ def test_zero_key_with_zero_value_is_skipped():
         (dict(alpha=torch.ones(3, 3)), ValueError, "alpha has shape"),
         (dict(initial_state=torch.zeros(2, 2, 3, 3, dtype=F64)), ValueError, "initial_state must be"),
         (dict(initial_state=torch.zeros(2, 2, 3, 2, dtype=torch.float32)), TypeError, "initial_state"),
+        (dict(initial_state=torch.zeros(3, 2, 2, 3, 2, dtype=F64)), ValueError, "initial_state has batch shape"),
         (dict(normalize_queries=1), TypeError, "normalize_queries"),
         (dict(eta=float("nan")), TypeError, "eta"),
     ],

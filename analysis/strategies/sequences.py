@@ -131,7 +131,9 @@ def kla_cases(*, max_T: int = 16, max_d: int = 8, max_heads: int = 2, coefficien
 
 @dataclass
 class KaczmarzSystem:
-    """A consistent ``A x = b`` (float64): ``A (*batch, m, n)`` of full rank, ``b = A x_star``."""
+    """A consistent ``A x = b`` (float64): ``A (*batch, m, n)`` of full rank, ``b = A x_star`` as
+    computed in float64 -- consistent up to ``u |A| |x_star|`` (tests that compare with x_star
+    account for that; ``analysis.verification.kaczmarz.integer_system`` is exactly consistent)."""
 
     A: torch.Tensor
     b: torch.Tensor
