@@ -335,3 +335,15 @@ def test_batched_broadcast_matches_loop():
     bound = kaczmarz_rounding_bound(s.A, s.b, sweeps=3, x0=x0, arith=PRECISIONS[0])[-1]
     for i in range(3):
         assert float((x[i] - kaczmarz(s.A[i], s.b[i], sweeps=3, x0=x0)).norm()) <= 2 * float(bound[i])
+
+
+def test_verification_rows_hold():
+    # The verification family (Kaczmarz cyclic/random and KLA tokenwise/chunkwise, 4 precisions
+    # each): every row within its truncation and rounding bounds.
+    from analysis.verification import FAMILIES
+    from analysis.verification.kaczmarz import rows
+
+    assert "kaczmarz" in FAMILIES
+    got = rows(quick=True)
+    assert len(got) == 16 and {r.precision for r in got} == {a.label for a in PRECISIONS}
+    assert all(r.holds for r in got), [(r.solver, r.precision) for r in got if not r.holds]
