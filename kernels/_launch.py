@@ -185,8 +185,9 @@ def matvec_mode(dtype: torch.dtype, precision: str, tensor_cores) -> int:
     return DOT3 if tensor_cores else FMA
 
 
-# bfloat16 default product; chosen from the GPU timings in docs/performance.md.
-BF16_TENSOR_CORES_DEFAULT = False
+# bfloat16 default product: the tensor-core split (DOT3) ran the r = 30, D = 128 Chebyshev
+# forward in 7.4 ms against 9.3 ms for FMA on an H200 (docs/kernels.md, "Performance").
+BF16_TENSOR_CORES_DEFAULT = True
 
 
 def bf16_mode(mode) -> str:
@@ -232,7 +233,6 @@ def bounded_systems(H, q, L, mu):
 
 
 def num_warps(D: int) -> int:
-    """Warps per program: enough threads that a 128 x 128 fp32 block needs <= 64 registers each."""
-    if D > 64:
-        return 8
+    """Warps per program: one warpgroup (4 warps) for D > 32, the fastest for D = 128 with
+    every product mode on an H200 (docs/kernels.md, "Performance"); fewer for small blocks."""
     return 4 if D > 32 else 2

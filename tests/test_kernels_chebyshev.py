@@ -34,9 +34,11 @@ def test_chebyshev_matches_reference(precision):
                            precision=precision, device=DEVICE)
 
 
-def test_chebyshev_float32_result_matches_reference_bf16_tensor_cores():
-    # the three-piece bf16 split product (kernels._matvec.DOT3) at fp32 accuracy; result unrounded
-    kernel = functools.partial(kernels.chebyshev, out_dtype=torch.float32, tensor_cores=True)
+@pytest.mark.parametrize("tensor_cores", [True, False])
+def test_chebyshev_float32_result_matches_reference_bf16_products(tensor_cores):
+    # the three-piece bf16 split on tensor cores (kernels._matvec.DOT3) and the CUDA-core
+    # product (FMA), both at fp32 accuracy; result unrounded
+    kernel = functools.partial(kernels.chebyshev, out_dtype=torch.float32, tensor_cores=tensor_cores)
     harness.assert_matches(kernel, solvers.chebyshev, small(harness.spd, "bfloat16"),
                            precision="bfloat16", device=DEVICE, examples=8)
 

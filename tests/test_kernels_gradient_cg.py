@@ -37,8 +37,8 @@ def test_cg_matches_reference(precision):
                            precision=precision, device=DEVICE)
 
 
-def test_cg_tensor_cores_match_reference():
-    kernel = functools.partial(kernels.cg, out_dtype=torch.float32, tensor_cores=True)
+def test_cg_cuda_core_product_matches_reference():
+    kernel = functools.partial(kernels.cg, out_dtype=torch.float32, tensor_cores=False)
     harness.assert_matches(kernel, solvers.cg, small(harness.spd, "bfloat16", bounds=False),
                            precision="bfloat16", device=DEVICE, examples=6)
 
