@@ -171,16 +171,18 @@ def kla_chunk_system(k, v, beta, alpha, initial_state, *, bf16_mode: str = "stor
     return _chunk_system(k, v, ar.up(beta), decay, S0, ar)
 
 
-def forward_substitution(L, R, *, bf16_mode: str = "storage"):
+def forward_substitution(L, R, *, dtype=None, bf16_mode: str = "storage"):
     """Solve ``(I + L) U = R``, ``L (..., C, C)`` strictly lower triangular, ``R (..., C, n)``.
 
-    Row by row, ``U_i = R_i - sum_{j<i} L_ij U_j``, in the working precision of ``R``'s dtype
-    (and ``bf16_mode``), each row stored when computed. The computed U satisfies ``(I + L + dL) U^ = R`` with ``|dL| <= gamma_C |L|`` (Higham 2002,
+    Row by row, ``U_i = R_i - sum_{j<i} L_ij U_j`` in the working precision ``dtype`` (default
+    ``R.dtype``) and ``bf16_mode``, each row stored in ``dtype`` when computed -- pass
+    ``dtype=torch.bfloat16`` with the float32 (L, R) of :func:`kla_chunk_system` to reproduce
+    bf16 storage mode. The computed U satisfies ``(I + L + dL) U^ = R`` with ``|dL| <= gamma_C |L|`` (Higham 2002,
     Thm. 8.5).
     """
     L = check.tensor("L", L, min_ndim=2)
     R = check.tensor("R", R, min_ndim=2)
-    return _forward_substitution(L, R, Arith(R.dtype, check.bf16_mode(bf16_mode)))
+    return _forward_substitution(L, R, Arith(R.dtype if dtype is None else dtype, check.bf16_mode(bf16_mode)))
 
 
 def kla_chunk_outputs(q, k, U, alpha, initial_state, *, normalize_queries: bool = True, bf16_mode: str = "storage"):

@@ -342,6 +342,10 @@ def test_wy_u_is_the_prop3_solution_from_zero_state():
     assert torch.equal(U, forward_substitution(L, R))
     O, S_out = kla_chunk_outputs(torch.randn(6, 4, dtype=F64), K, U, alpha, torch.zeros(4, 3, dtype=F64))
     assert O.shape == (6, 3) and S_out.shape == (4, 3)
+    bf = torch.bfloat16  # the public parts compose to the internal bf16 storage path, bitwise
+    _, U_bf = wy_representation(K.to(bf), V.to(bf), beta.to(bf), alpha.to(bf))
+    L_bf, R_bf = kla_chunk_system(K.to(bf), V.to(bf), beta.to(bf), alpha.to(bf), torch.zeros(4, 3, dtype=bf))
+    assert R_bf.dtype == torch.float32 and torch.equal(U_bf, forward_substitution(L_bf, R_bf, dtype=bf))
 
 
 # ----------------------------------------------------------------------------- switches and decay kinds
