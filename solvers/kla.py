@@ -316,9 +316,9 @@ def _gate(name, x, head_shape, channel_shape, like: torch.Tensor):
     elif isinstance(x, torch.Tensor):
         if not x.is_floating_point():
             raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-        check.finite(name, x)
     else:
         raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
+    check.finite(name, x)
     per_channel = channel_shape is not None and x.ndim == len(channel_shape)
     target = channel_shape if per_channel else head_shape
     try:

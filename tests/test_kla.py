@@ -446,14 +446,13 @@ def test_zero_key_with_zero_value_is_skipped():
         (dict(initial_state=torch.zeros(2, 2, 3, 2, dtype=torch.float32)), TypeError, "initial_state"),
         (dict(initial_state=torch.zeros(3, 2, 2, 3, 2, dtype=F64)), ValueError, "initial_state has batch shape"),
         (dict(normalize_queries=1), TypeError, "normalize_queries"),
-        (dict(eta=float("nan")), TypeError, "eta"),
+        (dict(eta=float("nan")), ValueError, "eta has 1 non-finite"),
+        (dict(alpha=torch.full((5, 2), float("inf"), dtype=F64)), ValueError, "alpha has 10 non-finite"),
+        (dict(eta=torch.ones(5, 2, dtype=torch.int64)), TypeError, "eta must be a floating tensor"),
     ],
 )
 def test_bad_options(change, exc, match):
     q, k, v, kw = _small()
-    if change.get("eta") is not None and change["eta"] != change["eta"]:
-        change = dict(eta=torch.tensor(float("nan")))
-        exc, match = ValueError, "eta has 1 non-finite"
     with pytest.raises(exc, match=match):
         kla_recurrent(q, k, v, **{**kw, **change})
 
