@@ -8,6 +8,7 @@ from .cg import cg
 from .chebyshev import chebyshev
 from .chebyshev_adaptive import chebyshev_adaptive
 from .chebyshev_backward import chebyshev_backward, chebyshev_solve
+from .gka_chunk import chunkwise_frobenius
 from .gradient import agd, gd
 
-__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "gd"]
+__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd"]
