@@ -68,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("reports/kernel_variants"))
     ap.add_argument("--n", type=int, default=131072)
     ap.add_argument("--quick", action="store_true", help="no torch.compile")
+    ap.add_argument("--defaults", action="store_true", help="only the public kernels at their defaults (no sweep)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     import triton
@@ -81,13 +82,15 @@ def main(argv=None) -> int:
     x64 = torch.linalg.solve(A32[:SUB].double(), q32[:SUB].double())
     rows = []
 
-    def record(name, dtype, fn, bytes_moved, out_index=None, ref=None):
+    def record(name, dtype, fn, bytes_moved, out_index=None, ref=None, accuracy=True):
+        """Time fn; its accuracy is the median relative error of output rows against ref
+        (default: the float64 solve of the first SUB systems); accuracy=False skips it."""
         ref = x64 if ref is None else ref
         try:
             out = fn()
             torch.cuda.synchronize()
             x = out if out_index is None else out[out_index]
-            err = float(((x[:SUB].double() - ref).norm(dim=-1) / ref.norm(dim=-1)).median())
+            err = float(((x[:SUB].double() - ref).norm(dim=-1) / ref.norm(dim=-1)).median()) if accuracy else float("nan")
             ms = bench(fn)
         except Exception as e:  # noqa: BLE001 - a variant that fails is a row, not a crash
             rows.append({"name": name, "dtype": dtype, "error": repr(e)[:200]})
@@ -110,7 +113,7 @@ def main(argv=None) -> int:
         step, rho2 = constants(Lt, mt)
         modes = MODES if dt == torch.bfloat16 else {"fma": launch.FMA, "fma_HT(sym)": launch.FMA_HT,
                                                     "dot_tf32": launch.DOT_TF32}
-        for mname, mode in modes.items():
+        for mname, mode in ({} if args.defaults else modes).items():
             for nw in (4, 8, 16):
                 record(f"chebyshev r=30 {mname} nw={nw}", name,
                        lambda mode=mode, nw=nw: run(A, q, step, rho2, r, mode=mode, out_dtype=dt, warps=nw),
@@ -128,10 +131,18 @@ def main(argv=None) -> int:
             record(f"kernels.chebyshev_backward {m}", name,
                    lambda m=m: kernels.chebyshev_backward(A, q, g, L=L, mu=mu, iters=r, method=m),
                    2 * A.numel() * es + 3 * q.numel() * es, out_index=0, ref=dq64)
-        record("solvers.chebyshev eager r=30", name, lambda: solvers.chebyshev(A, q, L=L, mu=mu, iters=r), io)
+        if not args.defaults:
+            record("solvers.chebyshev eager r=30", name, lambda: solvers.chebyshev(A, q, L=L, mu=mu, iters=r), io)
+        else:
+            k = torch.randn(N // 128, 1024, D, device="cuda", dtype=dt)
+            gl = -torch.rand(N // 128, 1024, device="cuda", dtype=dt) * 0.1
+            record("kernels.chunkwise_frobenius T=1024 C=64 (1024 seqs)", name,
+                   lambda: kernels.chunkwise_frobenius(k, g=gl, chunk_size=64),
+                   k.numel() * es + gl.numel() * es + N * 4, accuracy=False)
+            del k, gl
         del A, q
         torch.cuda.empty_cache()
-    if not args.quick:
+    if not args.quick and not args.defaults:
         A, q = A32.to(torch.bfloat16), q32.to(torch.bfloat16)
         comp = torch.compile(lambda A, q: solvers.chebyshev(A, q, L=L, mu=mu, iters=r))
         t0 = time.time()
