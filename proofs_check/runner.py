@@ -39,6 +39,8 @@ class _Violation(AssertionError):
 def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
     if b is None:
         return True
+    if a.ok != b.ok:
+        return not a.ok
     ra, rb = a.ratio, b.ratio
     if math.isnan(ra):
         return not math.isnan(rb)

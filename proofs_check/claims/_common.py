@@ -47,10 +47,15 @@ def exact_inequality(value, bound, detail: str = "") -> Measurement:
 
 
 def worst(measurements) -> Measurement:
-    """The measurement with the largest value/bound among several (NaN first)."""
+    """The deciding measurement among several: a violated one if any (the largest excess
+    value - bound, NaN first), else the one with the largest value/bound."""
+    ms = list(measurements)
+    failing = [m for m in ms if not m.ok]
+    if failing:
+        return max(failing, key=lambda m: math.inf if math.isnan(m.value) else m.value - m.bound)
     out = None
-    for m in measurements:
-        if out is None or (math.isnan(m.ratio) and not math.isnan(out.ratio)) or m.ratio > out.ratio:
+    for m in ms:
+        if out is None or m.ratio > out.ratio:
             out = m
     return out
 
@@ -95,3 +100,30 @@ def mp_vector_tensor(m, dtype=F64) -> torch.Tensor:
 def mpf(x) -> mpmath.mpf:
     """A float exactly, an mpf unchanged."""
     return x if isinstance(x, mpmath.mpf) else mpmath.mpf(float(x))
+
+
+FORM = "form"  # impl key: the arguments of a check factory to use instead of the claim's own
+
+
+def formed(factory):
+    """Decorate a check factory ``factory(*args) -> check`` (e.g. ``_chunk_matvec("printed")``).
+
+    The check it returns evaluates ``factory(*impl[FORM])`` when the implementation mapping
+    carries a ``FORM`` entry: that is how :mod:`proofs_check.broken` injects the other form of
+    an erratum (the corrected formula into the printed check and vice versa) to show that the
+    check tells them apart. ``check.form_args`` records the claim's own arguments.
+    """
+    made = {}
+
+    def make(*args):
+        def check(case, impl, prec):
+            use = impl.get(FORM, args)
+            key = repr(use)
+            if key not in made:
+                made[key] = factory(*use)
+            return made[key](case, impl, prec)
+
+        check.form_args = args
+        return check
+
+    return make

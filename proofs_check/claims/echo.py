@@ -19,7 +19,7 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 from .. import mpla
 from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
-from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, mp_matrix_tensor, mp_vector_tensor,
+from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mp_vector_tensor,
                       mpf, worst)
 
 _ENTRY = dict(min_value=-2.0, max_value=2.0)
@@ -66,8 +66,50 @@ def mp_ska(s, A_hat, K: int, eta=1):
     return eta * Bv * (s["L"] * w)
 
 
+def mp_ridge_estimator(M, G, eps):
+    """Prop. A.2: A_eps = M (G + eps I)^{-1}."""
+    return M * mpla.inv(G + mpf(eps) * mpla.eye(G.rows))
+
+
+def mp_invariant_lift(z):
+    """Eq. (28): psi_inv(z)_j = |z_j|^2."""
+    return abs(z) ** 2
+
+
+def mp_c1_bound(EM, EG, A, Gt, Gh):
+    """Eq. (33): ||E_M|| ||G^~^{-1}|| + ||A|| ||G~^{-1}|| ||E_G|| ||G^~^{-1}|| ||G~||."""
+    n2 = mpla.norm2
+    return n2(EM) * n2(mpla.inv(Gh)) + n2(A) * n2(mpla.inv(Gt)) * n2(EG) * n2(mpla.inv(Gh)) * n2(Gt)
+
+
+def mp_c4_bound(kV, EM, EG, A, Gt, lmin, lmin_h):
+    """Eq. (45): kappa(V) (||E_M||/lambda_min(G^~) + ||A|| ||G~|| ||E_G|| / (lambda_min(G~) lambda_min(G^~)))."""
+    n2 = mpla.norm2
+    return kV * (n2(EM) / lmin_h + n2(A) * n2(Gt) * n2(EG) / (lmin * lmin_h))
+
+
+def mp_spectral_normalize(Aw):
+    """Prop. D.2: A^_w = A_w / max(1, sigma_max(A_w)) with the exact sigma_max."""
+    return Aw / max(mpf(1), mpla.norm2(Aw))
+
+
+def mp_sequence_max(Z):
+    """Eq. (3): m = max(max_t ||z_t||, 1e-6)."""
+    return max([mpla.fro(z) for z in Z] + [mpf("1e-6")])
+
+
 def _impl():
-    return {"stats_mp": mp_stats, "whitened_mp": mp_whitened, "ska_mp": mp_ska}
+    return {"stats_mp": mp_stats, "whitened_mp": mp_whitened, "ska_mp": mp_ska, "ridge_estimator_mp": mp_ridge_estimator,
+            "koopman_estimator_mp": lambda M, G: M * mpla.inv(G), "invariant_lift_mp": mp_invariant_lift,
+            "c1_bound_mp": mp_c1_bound, "bauer_fike_bound_mp": lambda kV, nE: kV * nE, "c4_bound_mp": mp_c4_bound,
+            "power_filter_mp": lambda lam, K: lam**K, "spectral_normalize_mp": mp_spectral_normalize,
+            "sequence_max_mp": mp_sequence_max, "chunk_stats_mp": mp_chunk_stats,
+            "ridge_readout_mp": lambda s: s["Cv"] * mpla.inv(s["Gt"]), "linear_attention_mp": lambda s: s["Cv"],
+            "a_star_mp": lambda lmin, lmax: 2 * lmin * lmax / (lmin + lmax), "softmax_rule_mp": mp_softmax_rule,
+            "state_components": lambda r, P: (r * r, r * r, P * r, r, 1), "lm_head_grad_mp": lambda GL, W: GL * W,
+            "attention_jacobian_mp": lambda V, S, K, dk: V.T * S * K / mpmath.sqrt(dk),
+            "ska_jacobian_mp": lambda eta, Bv, L, Apow, Li: eta * Bv * L * Apow * Li,
+            "kmlp_jacobian_mp": lambda Wr, R, D, Wl: Wr * R * D * Wl, "spectral_norm_mp": mpla.norm2}
 
 
 def _impl_solvers():
@@ -99,13 +141,15 @@ def _lag_stats(case):
     return Z, G, M
 
 
+@formed
 def _a1(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
             Z, G, M = _lag_stats(case)
             if mpmath.det(G) == 0:
                 return Measurement(0.0, 1.0, "G singular (the proposition assumes it invertible)")
-            A = M * mpla.inv(G) if form == "statement" else M.T * mpla.inv(G)  # eq. (19) as printed: M^T G^{-1}
+            # the estimator of Prop. A.1, or eq. (19)'s M^T G^{-1}
+            A = impl["koopman_estimator_mp"](M, G) if form == "statement" else M.T * mpla.inv(G)
 
             def obj(Am):
                 return mpmath.fsum(mpla.dot(Z[t + 1] - Am * Z[t], Z[t + 1] - Am * Z[t]) for t in range(len(Z) - 1))
@@ -115,7 +159,7 @@ def _a1(form):
     return check
 
 
-_A1_EXAMPLE = {"Z": ((1.0, 0.0), (0.0, 1.0), (1.0, 1.0)), "V": ((0.0,),) * 3, "q": (0.0, 0.0), "eps": 1.0}
+_A1_EXAMPLE = {"Z": ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0)), "V": ((0.0,),) * 3, "q": (0.0, 0.0), "eps": 1.0}  # M not symmetric
 register(
     echo(id="echo.a1", source="Echo App. A.1, Proposition A.1",
          statement="For G = sum_{t<T} z_t z_t^T invertible, A* = M G^{-1} minimises sum_t ||z_{t+1} - A z_t||^2 "
@@ -137,7 +181,7 @@ def _check_a1_remark(case, impl, prec) -> Measurement:
         _, G, _ = _lag_stats(case)
         if mpmath.det(G) == 0:
             return Measurement(0.0, 1.0, "G singular")
-        return exact_identity(G * mpla.inv(G), mpla.eye(G.rows), "G G^{-1} = I")
+        return exact_identity(impl["koopman_estimator_mp"](G, G), mpla.eye(G.rows), "G G^{-1} = I")
 
 
 register(echo(
@@ -151,7 +195,7 @@ def _check_a2(case, impl, prec) -> Measurement:
     with mpla.exact():
         Z, G, M = _lag_stats(case)
         eps = mpf(case["eps"])
-        A_eps = M * mpla.inv(G + eps * mpla.eye(G.rows))
+        A_eps = impl["ridge_estimator_mp"](M, G, eps)
         ev, Vm = mpla.eigh(G)
         parts = [exact_identity(A_eps, M * Vm * mpmath.diag([1 / (s + eps) for s in ev]) * Vm.T, "eq. (21)")]
         sq = mpmath.fsum(mpla.dot(z, z) for z in Z[1:])
@@ -185,6 +229,7 @@ register(echo(
 ))
 
 
+@formed
 def _remark2(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -269,8 +314,8 @@ def _check_cg_lift(case, impl, prec) -> Measurement:
                 parts.append(exact_identity(abs(hr - h * mpmath.exp(2j * th)), mpf(0), "(z e^{i theta})^2 = z^2 e^{2 i theta}"))
                 rot = mpmath.matrix([[mpmath.cos(2 * th), -mpmath.sin(2 * th)], [mpmath.sin(2 * th), mpmath.cos(2 * th)]])
                 parts.append(exact_identity(mpmath.matrix([hr.real, hr.imag]), rot * mpmath.matrix([h.real, h.imag]), "eq. (32)"))
-                row.append(abs(z) ** 2)
-                row_rot.append(abs(zr) ** 2)
+                row.append(impl["invariant_lift_mp"](z))
+                row_rot.append(impl["invariant_lift_mp"](zr))
             lifts.append(mpla.vec(row))
             lifts_rot.append(mpla.vec(row_rot))
         Gm = sum((mpla.outer(x, x) for x in lifts), mpla.zeros(lifts[0].rows, lifts[0].rows))
@@ -319,9 +364,8 @@ def _check_c1(case, impl, prec) -> Measurement:
         Ah = (s["M"] + EM) * mpla.inv(Gh)
         parts = [exact_identity(mpla.inv(Gh) - mpla.inv(s["Gt"]), -mpla.inv(s["Gt"]) * EG * mpla.inv(Gh), "resolvent (37)"),
                  exact_identity(Ah - A, EM * mpla.inv(Gh) - s["M"] * mpla.inv(s["Gt"]) * EG * mpla.inv(Gh), "eq. (41)")]
-        n2 = mpla.norm2
-        bound = n2(EM) * n2(mpla.inv(Gh)) + n2(A) * n2(mpla.inv(s["Gt"])) * n2(EG) * n2(mpla.inv(Gh)) * n2(s["Gt"])
-        parts.append(exact_inequality(n2(Ah - A), bound, "eq. (33)"))
+        bound = impl["c1_bound_mp"](EM, EG, A, s["Gt"], Gh)
+        parts.append(exact_inequality(mpla.norm2(Ah - A), bound, "eq. (33)"))
         return worst(parts)
 
 
@@ -348,7 +392,7 @@ def _check_bauer_fike(case, impl, prec) -> Measurement:
         parts = []
         for lh in mpla.eigvals(Ah):
             d = min(abs(lh - l) for l in E)
-            parts.append(exact_inequality(d, kV * mpla.norm2(EM), "min_j |lambda^ - lambda_j|"))
+            parts.append(exact_inequality(d, impl["bauer_fike_bound_mp"](kV, mpla.norm2(EM)), "min_j |lambda^ - lambda_j|"))
         return worst(parts)
 
 
@@ -379,9 +423,8 @@ def _check_c4(case, impl, prec) -> Measurement:
             return Measurement(0.0, 1.0, "A_w not (numerically) diagonalizable")
         A = s["M"] * mpla.inv(s["Gt"])
         Ah = (s["M"] + EM) * mpla.inv(Gh)
-        n2 = mpla.norm2
         lmin, lmin_h = mpla.eigvalsh(s["Gt"])[0], mpla.eigvalsh(Gh)[0]
-        bound = _cond_complex(V) * (n2(EM) / lmin_h + n2(A) * n2(s["Gt"]) * n2(EG) / (lmin * lmin_h))
+        bound = impl["c4_bound_mp"](_cond_complex(V), EM, EG, A, s["Gt"], lmin, lmin_h)
         parts = []
         for lh in mpla.eigvals(Ah):
             parts.append(exact_inequality(min(abs(lh - l) for l in E), bound, "eigenvalue of A^ vs spectrum of A"))
@@ -408,8 +451,9 @@ def _check_c5(case, impl, prec) -> Measurement:
         k = [mpmath.mpc(a, b) for a, b in zip(case["re"][0], case["im"][0])]
         th = [mpf(x) for x in case["theta"][0]]
         rot = [kk * mpmath.exp(1j * t) for kk, t in zip(k, th)]
-        m_inv = mpmath.fsum(abs(k[t + 1]) ** 2 * abs(k[t]) ** 2 for t in range(len(k) - 1))
-        m_rot = mpmath.fsum(abs(rot[t + 1]) ** 2 * abs(rot[t]) ** 2 for t in range(len(k) - 1))
+        lift = impl["invariant_lift_mp"]
+        m_inv = mpmath.fsum(lift(k[t + 1]) * lift(k[t]) for t in range(len(k) - 1))
+        m_rot = mpmath.fsum(lift(rot[t + 1]) * lift(rot[t]) for t in range(len(k) - 1))
         parts.append(exact_identity(m_rot, m_inv, "M_inv phase-free"))
         return worst(parts)
 
@@ -435,7 +479,7 @@ def _check_d1_table(case, impl, prec) -> Measurement:
         parts = []
         for K, rows in D1_TABLE.items():
             for lam, printed in rows.items():
-                val = mpmath.mpf(str(lam)) ** K
+                val = impl["power_filter_mp"](mpmath.mpf(str(lam)), K)
                 parts.append(Measurement(float(abs(val - mpmath.mpf(printed)) / (mpf(10) ** -3 / 2)), 1.0,
                                          f"{lam}^{K} = {mpmath.nstr(val, 6)} printed {printed}"))
         return worst(parts)
@@ -450,6 +494,7 @@ register(echo(
 ))
 
 
+@formed
 def _remark3(form):
     def check(lam, impl, prec) -> Measurement:
         with mpla.exact():
@@ -481,9 +526,7 @@ def _check_d2_d3(case, impl, prec) -> Measurement:
     if prec == MP:
         with mpla.exact():
             s = impl["stats_mp"](s_case)
-            Aw = impl["whitened_mp"](s)
-            sig = mpla.norm2(Aw)
-            A_hat = Aw / max(mpf(1), sig)
+            A_hat = impl["spectral_normalize_mp"](impl["whitened_mp"](s))
             parts = []
             P = mpla.eye(Aw.rows)
             for K in range(1, 5):
@@ -512,6 +555,7 @@ register(echo(
 ))
 
 
+@formed
 def _power(form):
     def check(case, impl, prec) -> Measurement:
         M = torch.tensor(case["A"], dtype=F64)
@@ -554,7 +598,7 @@ def _check_e1(case, impl, prec) -> Measurement:
     if prec == MP:
         with mpla.exact():
             Z = [mpla.vec(z) for z in case["Z"]]
-            m = max([mpla.fro(z) for z in Z] + [mpf("1e-6")])
+            m = impl["sequence_max_mp"](Z)
             Gb = sum((mpla.outer(z / m, z / m) for z in Z), mpla.zeros(Z[0].rows, Z[0].rows))
             parts = [exact_inequality(mpla.fro(z / m), 1, "||z_bar|| <= 1") for z in Z]
             parts += [exact_inequality(mpla.fro(Gb), T, "||G_bar||_F <= T"),
@@ -581,6 +625,7 @@ register(echo(
 ))
 
 
+@formed
 def _conditioning(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -615,6 +660,7 @@ register(
 )
 
 
+@formed
 def _stats_exact(form):
     def check(case, impl, prec) -> Measurement:
         ar = arith(prec)
@@ -653,6 +699,29 @@ register(
 )
 
 
+def mp_chunk_stats(c, S: int, ch: int):
+    """Eqs. (7)-(10) for chunk ch: per-chunk sums of the earlier chunks (exclusive prefix) plus the
+    boundary transitions z^_{i,0} z^_{i-1,-1}^T."""
+    Z = [mpla.vec(z) for z in c["Z"]]
+    V = [mpla.vec(v) for v in c["V"]]
+    T, r, P = len(Z), Z[0].rows, V[0].rows
+    G, M, Cv = mpf(c["eps"]) * mpla.eye(r), mpla.zeros(r, r), mpla.zeros(P, r)
+    for i in range(ch):
+        for t in range(i * S, min((i + 1) * S, T)):
+            G += mpla.outer(Z[t], Z[t])
+            Cv += mpla.outer(V[t], Z[t])
+            if t > i * S:
+                M += mpla.outer(Z[t], Z[t - 1])
+        if i >= 1:
+            M += mpla.outer(Z[i * S], Z[i * S - 1])
+    return G, M, Cv
+
+
+def mp_softmax_rule(beta, q):
+    """The two-token softmax retrieval of Prop. I.13's proof: f(q) = 1/(1 + e^{-2 beta q})."""
+    return 1 / (1 + mpmath.exp(-2 * mpf(beta) * q))
+
+
 def _chunk_case():
     return st.tuples(_seq_cases(min_T=2, max_T=6, max_r=2, max_P=2), st.integers(1, 3))
 
@@ -663,22 +732,10 @@ def _check_chunk_causal(case, impl, prec) -> Measurement:
     n_chunks = -(-T // S)
     if prec == MP:
         with mpla.exact():
-            Z = [mpla.vec(z) for z in c["Z"]]
-            V = [mpla.vec(v) for v in c["V"]]
-            r, P = Z[0].rows, V[0].rows
+            r, P = len(c["q"]), len(c["V"][0])
             parts = []
             for ch in range(n_chunks):
-                G = mpf(c["eps"]) * mpla.eye(r)  # eqs. (7)-(10): per-chunk sums, exclusive prefix, boundary terms
-                M, Cv = mpla.zeros(r, r), mpla.zeros(P, r)
-                for i in range(ch):
-                    idx = range(i * S, min((i + 1) * S, T))
-                    for t in idx:
-                        G += mpla.outer(Z[t], Z[t])
-                        Cv += mpla.outer(V[t], Z[t])
-                        if t > i * S:
-                            M += mpla.outer(Z[t], Z[t - 1])
-                    if i >= 1:
-                        M += mpla.outer(Z[i * S], Z[i * S - 1])
+                G, M, Cv = impl["chunk_stats_mp"](c, S, ch)
                 pre = impl["stats_mp"](dict(c, Z=c["Z"][: ch * S] or ((0.0,) * r,), V=c["V"][: ch * S] or ((0.0,) * P,)))
                 parts += [exact_identity(G, pre["Gt"], f"G^({ch})"), exact_identity(M, pre["M"], f"M^({ch})"),
                           exact_identity(Cv, pre["Cv"], f"Cv^({ch})")]
@@ -716,6 +773,7 @@ register(echo(
 # ------------------------------------------------------------------ main text: eq. (11), gradient flow, Koopman MLP
 
 
+@formed
 def _eq11(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -742,6 +800,7 @@ register(
 )
 
 
+@formed
 def _gradflow(form):
     def check(case, impl, prec) -> Measurement:
         c, K = case
@@ -784,6 +843,7 @@ def _rot_cases():
                     min_size=1, max_size=3)
 
 
+@formed
 def _koopman_mlp(form):
     def check(pairs, impl, prec) -> Measurement:
         with mpla.exact():
@@ -829,7 +889,7 @@ def _ridge_loss(s, B):
 def _check_i2_i3(case, impl, prec) -> Measurement:
     with mpla.exact():
         s = dict(impl["stats_mp"](case), eps=case["eps"])
-        Bs = s["Cv"] * mpla.inv(s["Gt"])
+        Bs = impl["ridge_readout_mp"](s)
         g = mpla.matrix_grad(lambda B: _ridge_loss(s, B), Bs)
         parts = [Measurement(float(mpla.fro(g)), float(mpla.exact_tol() * (mpla.fro(s["Cv"]) + 1)), "grad L(B*) (I.2)")]
         B = Bs + mpla.outer(mpla.vec([1] * Bs.rows), s["q"])  # another B
@@ -854,7 +914,7 @@ def _check_i5(case, impl, prec) -> Measurement:
         B0 = mpla.zeros(s["Cv"].rows, s["Cv"].cols)
         g = mpla.matrix_grad(lambda B: _ridge_loss(s, B), B0)
         B1 = B0 - g / 2
-        return exact_identity(B1 * s["q"], s["Cv"] * s["q"], "one GD step, alpha = 1/2")
+        return exact_identity(B1 * s["q"], impl["linear_attention_mp"](s) * s["q"], "one GD step, alpha = 1/2")
 
 
 register(echo(
@@ -870,7 +930,7 @@ def _check_i6(case, impl, prec) -> Measurement:
         ev = mpla.eigvalsh(s["Gt"])
         lmin, lmax = ev[0], ev[-1]
         kappa = lmax / lmin
-        a_star = 2 * lmin * lmax / (lmin + lmax)
+        a_star = impl["a_star_mp"](lmin, lmax)
         Gi = mpla.inv(s["Gt"])
         I = mpla.eye(Gi.rows)
         op = mpla.norm2(I - a_star * Gi)
@@ -893,6 +953,7 @@ register(echo(
 ))
 
 
+@formed
 def _regime(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -1034,7 +1095,7 @@ register(echo(
 def _check_i13(case, impl, prec) -> Measurement:
     beta, q1, q2 = case
     with mpla.exact():
-        f = lambda q: 1 / (1 + mpmath.exp(-2 * mpf(beta) * q))  # noqa: E731  (the two-token softmax rule)
+        f = lambda q: impl["softmax_rule_mp"](beta, q)  # noqa: E731
         s2 = abs(mpmath.diff(f, mpf(q1), 2)) + abs(mpmath.diff(f, mpf(q2), 2))
         # nonlinear: f'' is not identically 0 (it vanishes only at q = 0)
         nonlinear = s2 > mpf(10) ** -40 or (q1 == 0 and q2 == 0)
@@ -1053,10 +1114,10 @@ register(echo(
 
 def _check_i14(case, impl, prec) -> Measurement:
     r, P, T = case
-    ska = 2 * r * r + P * r + r + 1
+    ska = sum(impl["state_components"](r, P))  # G, M, C_v, the previous key, the max norm
     cache = T * (r + P)
-    crossover = mpmath.mpf(ska) / (r + P)
-    consistent = (ska < cache) == (T > crossover)
+    crossover = mpmath.mpf(2 * r * r + P * r + r + 1) / (r + P)
+    consistent = (ska < cache) == (T > crossover) and ska == 2 * r * r + P * r + r + 1
     return Measurement(float(not consistent), 0.0, f"r={r}, P={P}, T={T}: SKA {ska} vs cache {cache}")
 
 
@@ -1075,7 +1136,7 @@ register(echo(
 def _check_j1(case, impl, prec) -> Measurement:
     GL, W = case
     with mpla.exact():
-        GH = mpla.mat(GL) * mpla.mat(W)
+        GH = impl["lm_head_grad_mp"](mpla.mat(GL), mpla.mat(W))
         rank = lambda X: sum(1 for s in mpla.singular_values(X if X.rows >= X.cols else X.T) if s > mpf(10) ** -30)  # noqa: E731
         D = len(W[0])
         return worst([exact_inequality(rank(GH), rank(mpla.mat(W)), "rank G_H <= rank W"), exact_inequality(rank(mpla.mat(W)), D, "<= D")])
@@ -1120,7 +1181,7 @@ def _check_j2_j3(case, impl, prec) -> Measurement:
             a = mpla.vec([x / mpmath.fsum(e) for x in e])
             return V.T * a
 
-        J = V.T * S * K / mpmath.sqrt(dk)
+        J = impl["attention_jacobian_mp"](V, S, K, dk)
         cols = [mpla.vec(mpla.grad(lambda qs, p=p: y(qs)[p], list(q))) for p in range(V.cols)]
         Jd = mpmath.matrix([[cols[p][j] for j in range(q.rows)] for p in range(V.cols)])
         T, r, P = K.rows, K.cols, V.cols
@@ -1153,7 +1214,7 @@ def _check_j4_j6(case, impl, prec) -> Measurement:
         A_hat = Aw / gamma * mpf("1.5")  # ||A^|| <= 1.5 = gamma of J.4
         Bv = s["Cv"] * mpla.inv(s["Gt"])
         Phi = s["L"] * (A_hat ** K if K else mpla.eye(Aw.rows)) * s["Li"]
-        J = mpf(eta) * Bv * Phi
+        J = impl["ska_jacobian_mp"](mpf(eta), Bv, s["L"], A_hat ** K if K else mpla.eye(Aw.rows), s["Li"])
         Jd = mpmath.matrix([[x for x in mpla.grad(lambda qs, p=p: (mpf(eta) * Bv * Phi * mpla.vec(qs))[p], list(s["q"]))]
                             for p in range(Bv.rows)])
         nG, eps = mpla.norm2(s["G"]), mpf(c["eps"])
@@ -1193,7 +1254,7 @@ def _check_j7_j8(case, impl, prec) -> Measurement:
             return Wr * (R * mpla.vec([silu(x) for x in a]))
 
         a = Wl * hv
-        J = Wr * R * mpmath.diag([dsilu(x) for x in a]) * Wl
+        J = impl["kmlp_jacobian_mp"](Wr, R, mpmath.diag([dsilu(x) for x in a]), Wl)
         Jd = mpmath.matrix([[x for x in mpla.grad(lambda hs, p=p: f(hs)[p], list(hv))] for p in range(Wr.rows)])
         # c_SiLU = sup |SiLU'| = SiLU'(x0) at the root x0 of SiLU'' (about 2.3994)
         x0 = mpmath.findroot(lambda x: mpmath.diff(silu, x, 2), 2.4)
@@ -1220,7 +1281,7 @@ def _check_j9(case, impl, prec) -> Measurement:
             x = J.T * x
         bound = mpla.fro(mpla.vec(g))
         for J in Js:
-            bound *= mpla.norm2(J)
+            bound *= impl["spectral_norm_mp"](J)
         return exact_inequality(mpla.fro(x), bound, "||g_l|| <= prod ||J_j|| ||g_head||")
 
 

@@ -18,7 +18,7 @@ from analysis.strategies.bf16 import bf16_floats
 from .. import mpla
 from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
-from ._common import F64, allowance, arith, attr, exact_identity, exact_inequality, mpf, worst
+from ._common import F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mpf, worst
 
 A_B = (0.25, 0.5, 1.0, 2.0)
 
@@ -37,8 +37,15 @@ def stablessm_discrete(w, a, b):
     return 1 - 1 / (mpf(a) * w**2 + mpf(b))
 
 
+def balanced_derivative(z, a=1, b=1):
+    """phi'(z) = 2 a z / (a z^2 + b)^2 where phi > 0 (Mathematical Formulation)."""
+    return 2 * mpf(a) * z / (mpf(a) * z**2 + mpf(b)) ** 2
+
+
 def _impl():
-    return {"sigmoid_mp": sigmoid, "balanced_mp": balanced, "stablessm_mp": stablessm_discrete}
+    return {"sigmoid_mp": sigmoid, "balanced_mp": balanced, "stablessm_mp": stablessm_discrete,
+            "balanced_derivative_mp": balanced_derivative,
+            "stablessm_continuous_mp": lambda w, a, b: -1 / (mpf(a) * w**2 + mpf(b))}
 
 
 def _impl_solvers():
@@ -63,7 +70,7 @@ _Z = lambda lo=-16.0, hi=16.0: bf16_floats(lo, hi)  # noqa: E731
 def _check_continuous(case, impl, prec) -> Measurement:
     w, a, b = case
     with mpla.exact():
-        f = lambda x: -1 / (mpf(a) * x**2 + mpf(b))  # noqa: E731
+        f = lambda x: impl["stablessm_continuous_mp"](x, a, b)  # noqa: E731
         w = mpf(w)
         return exact_identity(abs(mpmath.diff(f, w)) / f(w) ** 2, 2 * mpf(a) * abs(w), "|f'|/f^2 = 2a|w|")
 
@@ -76,6 +83,7 @@ register(gate(
 ))
 
 
+@formed
 def _discrete_range(form):
     def check(case, impl, prec) -> Measurement:
         w, a, b = case
@@ -101,6 +109,7 @@ register(
 )
 
 
+@formed
 def _scale(form, which):
     """The 'gradient scale' of f* (which = 'stablessm', general a, b) or of phi (which = 'balanced', a = b = 1)."""
     def check(case, impl, prec) -> Measurement:
@@ -187,7 +196,7 @@ def _check_balanced_basics(case, impl, prec) -> Measurement:
         phi = lambda x: impl["balanced_mp"](x, a, b)  # noqa: E731
         parts = [exact_inequality(0, phi(z), "phi >= 0"), exact_inequality(phi(z), 1, "phi < 1")]
         if mpf(a) * z**2 + mpf(b) > 1:
-            parts.append(exact_identity(mpmath.diff(phi, z), 2 * mpf(a) * z / (mpf(a) * z**2 + mpf(b)) ** 2, "phi'"))
+            parts.append(exact_identity(mpmath.diff(phi, z), impl["balanced_derivative_mp"](z, a, b), "phi'"))
         if b == 1.0:
             parts.append(exact_identity(phi(mpf(0)), mpf(0), "phi(0) = 0"))
         if b >= 1.0:  # then max(0, .) never binds
@@ -230,6 +239,7 @@ register(gate(
 ))
 
 
+@formed
 def _softplus(form):
     def check(z, impl, prec) -> Measurement:
         with mpla.exact():
@@ -256,6 +266,7 @@ register(
 )
 
 
+@formed
 def _sig_numbers(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -287,8 +298,8 @@ register(
 def _check_balanced_numbers(case, impl, prec) -> Measurement:
     with mpla.exact():
         z99 = mpmath.sqrt(99)  # phi(z) = 0.99
-        d10 = 2 * mpf(10) / mpf(101) ** 2
-        d1 = 2 * mpf(1) / mpf(4)
+        d10 = impl["balanced_derivative_mp"](mpf(10))
+        d1 = impl["balanced_derivative_mp"](mpf(1))
         rounding = abs(mpf("0.002") - d10) / d10  # the printed ratio is 0.5/0.002: it inherits this rounding
         return worst([
             Measurement(float(abs(z99 - 10) / mpf("0.5")), 1.0, f"phi = 0.99 at z = {mpmath.nstr(z99, 5)} printed 10"),
@@ -323,6 +334,7 @@ register(gate(
 ))
 
 
+@formed
 def _log_domain(form):
     def check(z, impl, prec) -> Measurement:
         if prec == MP:
@@ -354,7 +366,7 @@ register(
          quantity="working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1, |log phi|)), "
                   "and -inf at 0.",
          strategy=lambda: bf16_floats(-4.0, 4.0), check=_log_domain("corrected"),
-         precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+         precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
          form=CORRECTED, twin="gates.log_domain.printed"),
 )
 

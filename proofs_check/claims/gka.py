@@ -20,7 +20,7 @@ from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds,
 from .. import mpla
 from ..claim import CORRECTED, FAILS, HOLDS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
-from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, mode_of, mpf,
+from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, formed, mode_of, mpf,
                       rel64, worst)
 
 FLOATS = ("float64", "float32", "bfloat16/storage", "bfloat16/strict")
@@ -130,6 +130,7 @@ def _impl():
     return {
         "ridge_mp": mp_ridge, "weights_mp": mp_weights, "omega_star_mp": mp_omega_star,
         "lemma4_rate_mp": mp_lemma4_rate, "chebyshev_mp": mp_chebyshev, "frobenius_terms_mp": mp_frobenius_terms,
+        "kf_update_mp": mp_kf_update, "attention_mp": mp_attention,
         "gka_ridge": solvers.gka_ridge, "chebyshev": solvers.chebyshev, "chebyshev_weights": solvers.chebyshev_weights,
         "omega_star": bounds.omega_star,
     }
@@ -218,6 +219,7 @@ register(gka(
 # ------------------------------------------------------------ Sec. 4.2.1: chunkwise matvec
 
 
+@formed
 def _chunk_matvec(form):
     def check(seq: GKASequence, impl, prec) -> Measurement:
         with mpla.exact():
@@ -266,6 +268,7 @@ def _gdn_cases():
     return build()
 
 
+@formed
 def _gdn(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -297,6 +300,18 @@ register(
 # ------------------------------------------------------------------- Sec. 3.1: (KF) solves (3)
 
 
+def mp_kf_update(S, Phi, k, v, eta):
+    """One step of (KF) and the Woodbury update of Phi (the Hessian inverse of eq. (3))."""
+    denom = 1 / eta + (k.T * Phi * k)[0]
+    return S - (S * k - v) * (k.T * Phi) / denom, Phi - (Phi * k) * (k.T * Phi) / denom
+
+
+def mp_attention(keys, values, q):
+    """(Attn): y = sum_i c_i v_i with c = softmax(k_i^T q / sqrt(D))."""
+    w = [mpmath.exp(mpla.dot(k, q) / mpmath.sqrt(q.rows)) for k in keys]
+    return sum((wi * v for wi, v in zip(w, values)), mpla.zeros(values[0].rows)) / mpmath.fsum(w)
+
+
 def _check_kf(seq: GKASequence, impl, prec) -> Measurement:
     with mpla.exact():
         D, lam = seq.D, mpf(seq.a)
@@ -306,9 +321,7 @@ def _check_kf(seq: GKASequence, impl, prec) -> Measurement:
         for t in range(seq.T):
             k, v = mpla.vec(seq.keys[t]), mpla.vec(seq.queries[t])
             eta = mpmath.exp(mpf(seq.log_gates[t]))
-            denom = 1 / eta + (k.T * Phi * k)[0]
-            S = S - (S * k - v) * (k.T * Phi) / denom  # (KF)
-            Phi = Phi - (Phi * k) * (k.T * Phi) / denom  # Woodbury
+            S, Phi = impl["kf_update_mp"](S, Phi, k, v, eta)  # (KF), Woodbury
             U += eta * mpla.outer(v, k)
             Hs += eta * mpla.outer(k, k)
             out.append(exact_identity(S, U * mpla.inv(Hs), f"t={t + 1}"))  # argmin of (3)
@@ -330,7 +343,7 @@ def _check_attention_nw(seq: GKASequence, impl, prec) -> Measurement:
         D = seq.D
         w = [mpmath.exp(mpla.dot(mpla.vec(k), q) / mpmath.sqrt(D)) for k in seq.keys]
         vs = [mpla.vec(v) for v in seq.queries]
-        y = sum((wi * v for wi, v in zip(w, vs)), mpla.zeros(D)) / mpmath.fsum(w)  # (Attn)
+        y = impl["attention_mp"]([mpla.vec(k) for k in seq.keys], vs, q)  # (Attn)
         # stationarity of eq. (1): sum_i w_i (y - v_i) = 0
         return exact_identity(mpmath.fsum(w) * y, sum((wi * v for wi, v in zip(w, vs)), mpla.zeros(D)), "grad of (1) at y")
 
@@ -530,6 +543,7 @@ def _half_unit(printed: str) -> mpmath.mpf:
     return mpf(10) ** (-decimals + (int(exp) if exp else 0)) / 2
 
 
+@formed
 def _remark1(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():

@@ -22,7 +22,7 @@ from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds,
 from .. import mpla
 from ..claim import CORRECTED, EXTENSION, FAILS, HOLDS, MP, Claim, Measurement
 from ..registry import register
-from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
+from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
                       worst)
 from .gka import mp_chebyshev, mp_omega_star, mp_ridge, mp_states, mp_weights
 
@@ -108,8 +108,34 @@ def _kappa_bound(seq: GKASequence) -> float:
     return (seq.a + 1.0) / seq.a
 
 
+def mp_dq(A, g):
+    """Eq. (6)/(26): dq = (H + lambda I)^{-1} dx."""
+    return mpla.solve(A, g)
+
+
+def mp_dA(dq, x):
+    """Eq. (12): the gradient w.r.t. the system matrix, -dq x^T."""
+    return -mpla.outer(dq, x)
+
+
+def mp_dH(dq, x, H, a, sign=-1):
+    """Eq. (13): dH = -dq x^T + sign a (x^T dq) H / ||H||_F (printed sign -1)."""
+    return -mpla.outer(dq, x) + sign * mpf(a) * mpla.dot(x, dq) * H / mpla.fro(H)
+
+
+def mp_next_gate(seq: GKASequence, i: int):
+    """gamma_{i+1}, the gate multiplying A_{i+1} in eq. (8) (0 past the last token)."""
+    return mpmath.exp(mpf(seq.log_gates[i + 1])) if i + 1 < seq.T else mpf(0)
+
+
+def mp_intra_b(seq: GKASequence, ws, zeta, i: int, C: int):
+    """b_i = sum_{c=i}^{C} M_{i,c} w_c zeta_c, the coefficient of H_0 in B_i^intra (Sec. 4.2.2)."""
+    return mpmath.fsum(decay(seq, i, c) * ws[c] * zeta[c] for c in range(i, C))
+
+
 def _impl():
-    return {"dk_mp": mp_dk_lemma1}
+    return {"dk_mp": mp_dk_lemma1, "dq_mp": mp_dq, "dA_mp": mp_dA, "dH_mp": mp_dH, "next_gate_mp": mp_next_gate,
+            "intra_b_mp": mp_intra_b, "dG_mp": _mp_dG_formula}
 
 
 def _impl_grad():
@@ -134,6 +160,7 @@ _SEQ_EXAMPLE = GKASequence(keys=((1.0,), (1.0,)), log_gates=(-1.0, 0.0), queries
 # ------------------------------------------------------------- Lemma 1 and eqs. (15), (40)
 
 
+@formed
 def _lemma1(w_sign, product, torch_fn):
     def check(seq: GKASequence, impl, prec) -> Measurement:
         with mpla.exact():
@@ -203,7 +230,7 @@ def _check_eq26(seq, impl, prec) -> Measurement:
     with mpla.exact():
         A, _, _, _ = mp_ridge(H, seq.a)
         truth = mpla.grad(lambda qs: mpla.dot(g, mpla.solve(A, mpla.vec(qs))), list(q))
-        return exact_identity(mpla.solve(A, g), mpla.vec(truth), "dq")
+        return exact_identity(impl["dq_mp"](A, g), mpla.vec(truth), "dq")
 
 
 def _check_eq12(seq, impl, prec) -> Measurement:
@@ -212,9 +239,10 @@ def _check_eq12(seq, impl, prec) -> Measurement:
         A, _, _, _ = mp_ridge(H, seq.a)
         truth = mpla.matrix_grad(lambda M: mpla.dot(g, mpla.solve(M, q)), A)
         dq, x = mpla.solve(A, g), mpla.solve(A, q)
-        return exact_identity(-mpla.outer(dq, x), truth, "d(H + lambda I)")
+        return exact_identity(impl["dA_mp"](dq, x), truth, "d(H + lambda I)")
 
 
+@formed
 def _eq13(sign):
     def check(seq, impl, prec) -> Measurement:
         H, q, g = _single(seq)
@@ -228,7 +256,7 @@ def _eq13(sign):
             A, _, _, _ = mp_ridge(H, seq.a)
             dq, x = mpla.solve(A, g), mpla.solve(A, q)
             if prec == MP:
-                dH = -mpla.outer(dq, x) + sign * a * mpla.dot(x, dq) * H / mpla.fro(H)
+                dH = impl["dH_mp"](dq, x, H, a, sign)
                 return exact_identity(dH, truth, "dH")
             scale = float(mpla.fro(dq) * mpla.fro(x)) * (1 + seq.a)
         dH = impl["eq13_dH"](mp_matrix_tensor(H), mp_vector_tensor(x), mp_vector_tensor(dq), a=seq.a, sign=float(sign))
@@ -264,7 +292,7 @@ def _check_eq14(seq, impl, prec) -> Measurement:
             k = mpla.vec(seq.keys[i])
             acc = mpla.zeros(seq.D)
             for t in range(i, seq.T):
-                dH = -mpla.outer(lay["dq"][t], lay["x"][t]) - mpf(seq.a) * lay["H"][t] / lay["fro"][t] * mpla.dot(lay["x"][t], lay["dq"][t])
+                dH = impl["dH_mp"](lay["dq"][t], lay["x"][t], lay["H"][t], mpf(seq.a), -1)  # eq. (13)
                 acc += decay(seq, i, t) * ((dH + dH.T) * k)  # eq. (14)
             parts.append(exact_identity(acc, truth[i], f"dk_{i + 1}"))
         return worst(parts)
@@ -311,7 +339,7 @@ def _check_eq8_9(seq, impl, prec) -> Measurement:
         parts = []
         A_next, B_next = mpla.zeros(seq.D, seq.D), mpla.zeros(seq.D, seq.D)
         for i in reversed(range(seq.T)):
-            gamma_next = mpmath.exp(mpf(seq.log_gates[i + 1])) if i + 1 < seq.T else mpf(0)
+            gamma_next = impl["next_gate_mp"](seq, i)
             A_i = gamma_next * A_next + X[i]  # eq. (8)
             B_i = gamma_next * B_next + ws[i] * states[i + 1]  # eq. (9)
             A_def = sum((decay(seq, i, t) * X[t] for t in range(i, seq.T)), mpla.zeros(seq.D, seq.D))
@@ -351,8 +379,7 @@ def _check_eq10(seq, impl, prec) -> Measurement:
             parts.append(exact_identity(decay(seq, i, C - 1) * gamma_next * B_next + intra, _mp_B(seq, states, ws, i),
                                         f"B_{i + 1}"))
             # B_i^intra = b_i H_0 + sum_j (M diag(w) M^T)_{ij} k_j k_j^T (the unrolled form of Sec. 4.2.2)
-            b = mpmath.fsum(decay(seq, i, c) * ws[c] * zeta[c] for c in range(i, C))
-            unrolled = b * states[0]
+            unrolled = impl["intra_b_mp"](seq, ws, zeta, i, C) * states[0]
             for j in range(C):
                 mw = mpmath.fsum(decay(seq, i, c) * ws[c] * decay(seq, j, c) for c in range(max(i, j), C))
                 kj = mpla.vec(seq.keys[j])
@@ -370,6 +397,7 @@ register(gka(
 ))
 
 
+@formed
 def _intra_matrix(form):
     def check(seq, impl, prec) -> Measurement:
         with mpla.exact():
@@ -430,6 +458,7 @@ register(
 )
 
 
+@formed
 def _cross(form):
     def check(seq, impl, prec) -> Measurement:
         with mpla.exact():
@@ -522,6 +551,7 @@ def _mp_dG_formula(seq, G, dH, eq: str) -> list:
     return out
 
 
+@formed
 def _gate_eq(eq):
     def check(seq, impl, prec) -> Measurement:
         with mpla.exact():
@@ -529,7 +559,7 @@ def _gate_eq(eq):
             dH = _cotangent_mats(seq)
             truth = mpla.grad(lambda Gs: mpmath.fsum(mpla.inner(W, Hc) for W, Hc in zip(dH, _mp_chunk_H(seq, Gs))), G)
             if prec == MP:
-                got = _mp_dG_formula(seq, G, dH, eq)
+                got = impl["dG_mp"](seq, G, dH, eq)
                 return worst(exact_identity(got[i], truth[i], f"dG_{i + 1}") for i in range(seq.T))
         C = seq.T - 1
         dG, dG_next = impl["chunk_dG"](mp_matrix_tensor(mp_states(seq)[0]), seq.tensor("keys"), torch.cumsum(seq.tensor("log_gates"), -1),
@@ -567,6 +597,7 @@ register(
 )
 
 
+@formed
 def _eq24(form):
     def check(seq, impl, prec) -> Measurement:
         # chunk = tokens 1..C, token C+1's aggregated cotangent dH_{C+1} = -(1/2) B_{C+1}
@@ -677,6 +708,21 @@ def mp_cg(A, q, r: int) -> mpmath.matrix:
     return x
 
 
+def mp_reverse_weight(nu, rho2):
+    """Eq. (47)/(52): nu_{i-1} = (4/rho^2)(1 - 1/nu_i)."""
+    return 4 / rho2 * (1 - 1 / nu)
+
+
+def mp_implicit_dq(A, g, L, mu, r):
+    """Table 1: d q^ = CH(H + lambda I, d x^, r)."""
+    return mp_chebyshev(A, g, L, mu, r)[-1]
+
+
+def mp_implicit_dH(A, q, g, L, mu, r):
+    """Table 1 / eq. (12) with the forward's output: -CH(A, g, r) xi_r^T."""
+    return -mpla.outer(mp_chebyshev(A, g, L, mu, r)[-1], mp_chebyshev(A, q, L, mu, r)[-1])
+
+
 def _ch_cases(min_r=0, max_r=6, a=(0.01, 0.02, 0.05, 0.1, 0.5), max_dim=3):
     @st.composite
     def build(draw):
@@ -714,6 +760,7 @@ def _impl_ch():
     from analysis.ground_truth import working_constants
 
     return {"adjoint_mp": mp_adjoint, "algorithm2_mp": mp_algorithm2, "chebyshev_mp": mp_chebyshev, "cg_mp": mp_cg,
+            "reverse_weight_mp": mp_reverse_weight, "implicit_dq_mp": mp_implicit_dq, "implicit_dH_mp": mp_implicit_dH,
             "chebyshev_backward": solvers.chebyshev_backward, "algorithm2_as_printed": solvers.algorithm2_as_printed,
             "gka_ridge": solvers.gka_ridge, "working_constants": working_constants,
             "reversal_amplification": cb.reversal_amplification,
@@ -770,10 +817,10 @@ def _check_eq47(case, impl, prec) -> Measurement:
         w2 = 2 * (1 + mpmath.sqrt(1 - rho2)) / rho2
         nu, parts = w[r], []
         for i in range(r, 0, -1):  # (47) retraces the schedule
-            nu = 4 / rho2 * (1 - 1 / nu)
+            nu = impl["reverse_weight_mp"](nu, rho2)
             parts.append(exact_identity(nu, w[i - 1], f"nu_{i - 1}"))
         for k in range(60):  # continued past i = 0: increasing, below omega_2*, the only fixed point above omega_0
-            nxt = 4 / rho2 * (1 - 1 / nu)
+            nxt = impl["reverse_weight_mp"](nu, rho2)
             parts += [exact_inequality(nu, nxt, f"increasing at step {k}"), exact_inequality(nxt, w2, "below omega_2*")]
             nu = nxt
         parts.append(exact_identity(4 / rho2 * (1 - 1 / w2), w2, "omega_2* fixed"))
@@ -791,6 +838,7 @@ register(chb(
 ))
 
 
+@formed
 def _eq49(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
@@ -823,6 +871,7 @@ register(
 )
 
 
+@formed
 def _alg2(flags, torch_method=None):
     def check(case, impl, prec) -> Measurement:
         s, r, gv = case
@@ -926,7 +975,7 @@ def _check_lemma2(case, impl, prec) -> Measurement:
         with mpla.exact():
             A, q, g, L, mu, r = _mp_problem(case)
             dq_auto = mpla.vec(mpla.grad(lambda qs: mpla.dot(g, impl["chebyshev_mp"](A, mpla.vec(qs), L, mu, r)[-1]), list(q)))
-            dq_impl = impl["chebyshev_mp"](A, g, L, mu, r)[-1]  # Table 1: CH(H, d xi, r)
+            dq_impl = impl["implicit_dq_mp"](A, g, L, mu, r)  # Table 1: CH(H, d xi, r)
             return exact_identity(dq_impl, dq_auto, f"r={r}")
     ar = arith(prec)
     rs = impl["gka_ridge"](s.H(ar.dtype), s.a)
@@ -959,14 +1008,14 @@ register(chb(
 ))
 
 
+@formed
 def _lemma2_dH(kind):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
             A, q, g, L, mu, r = _mp_problem(case)
             ch = impl["chebyshev_mp"]
             x = ch(A, q, L, mu, r)[-1]
-            dq = ch(A, g, L, mu, r)[-1]
-            dH_impl = -mpla.outer(dq, x)  # Table 1 / eq. (12) with x = xi_r
+            dH_impl = impl["implicit_dH_mp"](A, q, g, L, mu, r)  # Table 1 / eq. (12) with x = xi_r
             dH_loop = mpla.matrix_grad(lambda M: mpla.dot(g, ch(M, q, L, mu, r)[-1]), A)
             if kind == "equal":
                 return exact_identity(dH_impl, dH_loop, f"r={r}")
@@ -979,6 +1028,7 @@ def _lemma2_dH(kind):
     return check
 
 
+@formed
 def _lemma2_cg(kind):
     def check(case, impl, prec) -> Measurement:
         s, r, gv = case

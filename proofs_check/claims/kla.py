@@ -18,7 +18,7 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 from .. import mpla
 from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
-from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, mp_matrix_tensor, mpf, rel64,
+from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mpf, rel64,
                       worst)
 
 _ENTRY = dict(min_value=-2.0, max_value=2.0)
@@ -74,12 +74,13 @@ def mp_kla_step(S_tilde, k, v, eta, eps):
     return S_tilde + mp_beta(k, eta, eps) * mpla.outer(k, e)
 
 
-def mp_recurrent(case):
-    """Algorithm 1 (left), token by token: states S_1..S_T and outputs o_t = S_t^T q_t / ||q_t||."""
+def mp_recurrent(case, step=mp_kla_step):
+    """Algorithm 1 (left), token by token with the update ``step``: states S_1..S_T and outputs
+    o_t = S_t^T q_t / ||q_t||."""
     S = mpla.mat(case["S0"])
     states, outs = [], []
     for k, v, q, a, eta in zip(case["K"], case["V"], case["Q"], case["alpha"], case["eta"]):
-        S = mp_kla_step(mpf(a) * S, mpla.vec(k), mpla.vec(v), eta, case["eps"])
+        S = step(mpf(a) * S, mpla.vec(k), mpla.vec(v), eta, case["eps"])
         qv = mpla.vec(q)
         states.append(S)
         outs.append(S.T * qv / mpla.fro(qv))
@@ -144,7 +145,7 @@ def _check_projection(case, impl, prec) -> Measurement:
         # (i): Delta is orthogonal to the tangent space {Hm : Hm^T k = 0}; a basis of it is
         # (I - k k^T/||k||^2) E_ij, so <Delta, Hm> = 0 for every E_ij projected
         P = mpla.eye(dk) - mpla.outer(k, k) / mpla.dot(k, k)
-        parts = []
+        parts = [exact_identity(St.T * k, v, "S_t in A_t")]
         for i in range(dk):
             for j in range(dv):
                 E = mpla.zeros(dk, dv)
@@ -332,7 +333,7 @@ register(kla(
 
 def _check_eq6(case, impl, prec) -> Measurement:
     with mpla.exact():
-        states, _ = impl["recurrent_mp"](case)
+        states, _ = impl["recurrent_mp"](case, impl["kla_step_mp"])
         R = mpla.mat(case["S0"]).T
         parts = []
         for t, (k, v, a, eta) in enumerate(zip(case["K"], case["V"], case["alpha"], case["eta"])):
@@ -442,7 +443,7 @@ def _chunk_condition(case) -> float:
 def _check_props34(case, impl, prec) -> Measurement:
     if prec == MP:
         with mpla.exact():
-            states, outs = impl["recurrent_mp"](case)
+            states, outs = impl["recurrent_mp"](case, impl["kla_step_mp"])
             O, S_out, U, gam = _mp_chunk(case, normalize_chunk=True)
             parts = [exact_identity(S_out, states[-1], "S_out (9)")]
             for i in range(len(outs)):
@@ -460,7 +461,7 @@ def _check_props34(case, impl, prec) -> Measurement:
               initial_state=torch.tensor(case["S0"], dtype=F64).unsqueeze(0).to(ar.dtype), bf16_mode=ar.mode)
     o_c, S_c = impl["kla_chunkwise"](t(case["Q"]), t(case["K"]), t(case["V"]), chunk_size=max(1, len(case["K"]) // 2), **kw)
     with mpla.exact():
-        states, outs = impl["recurrent_mp"](case)
+        states, outs = impl["recurrent_mp"](case, impl["kla_step_mp"])
         scale = max(float(mpla.fro(S)) for S in [mpla.mat(case["S0"])] + states) + max(float(mpla.fro(mpla.vec(v))) for v in case["V"])
     err_o = max(float(torch.linalg.vector_norm(o_c[i, 0].to(F64) - torch.tensor([float(x) for x in outs[i]], dtype=F64)))
                 for i in range(len(outs)))
@@ -485,10 +486,11 @@ register(kla(
 ))
 
 
+@formed
 def _panels(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
-            _, outs = impl["recurrent_mp"](case)
+            _, outs = impl["recurrent_mp"](case, impl["kla_step_mp"])
             O, _, _, _ = _mp_chunk(case, normalize_chunk=(form == "corrected"))
             return worst(exact_identity(O[i, :].T, outs[i], f"o_{i + 1}") for i in range(len(outs)))
     return check
@@ -518,6 +520,7 @@ def _gamma_ratio(gam, r, i, convention):
     return gam[i] / gam[r]
 
 
+@formed
 def _wy(form, which):
     def check(case, impl, prec) -> Measurement:
         conv = "printed" if form == "printed" else "B.1"
@@ -621,10 +624,11 @@ register(kla(
 ))
 
 
+@formed
 def _rspace(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
-            states, _ = impl["recurrent_mp"](case)
+            states, _ = impl["recurrent_mp"](case, impl["kla_step_mp"])
             S0 = mpla.mat(case["S0"])
             dk, dv = S0.rows, S0.cols
             K = [mpla.vec(k) for k in case["K"]]
@@ -659,11 +663,12 @@ register(
 )
 
 
+@formed
 def _table6(form):
     def check(case, impl, prec) -> Measurement:
         with mpla.exact():
             case0 = dict(case, S0=tuple((0.0,) * len(case["V"][0]) for _ in case["K"][0]))  # the table assumes S_0 = 0
-            states, _ = impl["recurrent_mp"](case0)
+            states, _ = impl["recurrent_mp"](case0, impl["kla_step_mp"])
             T = len(case["K"])
             K = [mpla.vec(k) for k in case["K"]]
             dk = K[0].rows

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
-from ._common import worst
+from ._common import formed, worst
 
 
 def half_unit(printed: str) -> Fraction:
@@ -31,7 +31,8 @@ def agrees(exact, printed: str, what: str) -> Measurement:
 
 
 def _impl():
-    return {"agrees": agrees}
+    return {"agrees": agrees, "mean": lambda xs: sum(xs) / len(xs), "ratio": lambda a, b: Fraction(a) / Fraction(b),
+            "kv_cache_bytes": lambda T, d, nbytes: T * d * 2 * nbytes}
 
 
 def num(**kw) -> Claim:
@@ -45,7 +46,7 @@ def num(**kw) -> Claim:
 def _mean_rows(rows: dict):
     """Each row (10 task scores as strings, printed Avg) against the mean of its tasks."""
     def check(case, impl, prec) -> Measurement:
-        return worst(impl["agrees"](sum(Fraction(x) for x in scores) / len(scores), avg, name)
+        return worst(impl["agrees"](impl["mean"]([Fraction(x) for x in scores]), avg, name)
                      for name, (scores, avg) in rows.items())
     return check
 
@@ -89,8 +90,8 @@ register(num(
 
 
 def _gka_throughput(case, impl, prec) -> Measurement:
-    r8 = Fraction("6721.64") / Fraction("3382.50")
-    r14 = Fraction("3256.45") / Fraction("1485.24")
+    r8 = impl["ratio"]("6721.64", "3382.50")
+    r14 = impl["ratio"]("3256.45", "1485.24")
     return impl["agrees"](max(r8, r14), "2", "max GKA/Transformer throughput at 64K")
 
 
@@ -102,6 +103,7 @@ register(num(
 ))
 
 
+@formed
 def _worst_case(form):
     def check(case, impl, prec) -> Measurement:
         eps = Fraction(1, 2**7)  # bfloat16 machine epsilon (2u, u = 2^-8)
@@ -139,8 +141,8 @@ def _kla_numbers(case, impl, prec) -> Measurement:
              impl["agrees"](max(gaps), "4.1", "largest long-context gap (Table 3)"),
              Measurement(float(sum(k >= min(g, m) for k, g, m in zip(kla, gdn, mamba))), 0.0, "KLA lowest at every length"),
              impl["agrees"](Fraction("73.84") - Fraction("66.81"), "7.03", "MQAR 8x gain (Table 4, 2048)"),
-             impl["agrees"](Fraction("3.54") / Fraction("1.65"), "2.1", "decode throughput vs GDN (Sec. 5.4)"),
-             impl["agrees"](Fraction("3.54") / Fraction("2.10"), "1.7", "decode throughput vs Mamba2")]
+             impl["agrees"](impl["ratio"]("3.54", "1.65"), "2.1", "decode throughput vs GDN (Sec. 5.4)"),
+             impl["agrees"](impl["ratio"]("3.54", "2.10"), "1.7", "decode throughput vs Mamba2")]
     return worst(parts)
 
 
@@ -160,6 +162,7 @@ def _state_floats(r: int, P: int, scalar: bool = True) -> int:
     return 2 * r * r + P * r + r + (1 if scalar else 0)
 
 
+@formed
 def _state_size(form):
     def check(case, impl, prec) -> Measurement:
         per_head_180 = _state_floats(56, 64) * 4  # bytes in FP32; Sec. 6.2 uses r = 56, P = 64, H = 12, 2 layers
@@ -190,7 +193,7 @@ register(
 
 
 def _echo_text(case, impl, prec) -> Measurement:
-    kv_bytes = 131072 * 768 * 2 * 2  # K and V, FP16
+    kv_bytes = impl["kv_cache_bytes"](131072, 768, 2)  # K and V, FP16
     parts = [impl["agrees"](Fraction(kv_bytes, 2**20), "384", "KV cache at 131K, d = 768, FP16 (MiB)"),
              impl["agrees"](Fraction(2, 3), "0.67", "Koopman MLP / SwiGLU parameters (2 d d_k vs 3 d d_ff, d_k = d_ff)"),
              Measurement(float(-(-768 * 8 // (3 * 64)) * 64 != 2048), 0.0, "d_k = ceil(768 e/64) 64 = 2048"),
@@ -219,6 +222,7 @@ register(num(
 ))
 
 
+@formed
 def _table3_mean(form):
     def check(case, impl, prec) -> Measurement:
         cols = {"SSM": "55.1 64.2 56.5 52.0 39.3 52.9", "SSM+Attn": "76.0 81.3 76.2 81.1 71.1 68.2",
@@ -242,6 +246,7 @@ register(
 )
 
 
+@formed
 def _hellaswag(form):
     def check(case, impl, prec) -> Measurement:
         return impl["agrees"](Fraction("44.3"), "44.0" if form == "printed" else "44.3", "Echo-180M HellaSwag, text vs Table 4")
@@ -258,6 +263,7 @@ register(
 )
 
 
+@formed
 def _flops(form):
     def check(case, impl, prec) -> Measurement:
         d = 768
@@ -282,6 +288,7 @@ register(
 )
 
 
+@formed
 def _complexity(form):
     def check(T, impl, prec) -> Measurement:
         r, S = 48, 64
