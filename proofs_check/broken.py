@@ -424,7 +424,7 @@ VARIANTS = (
            _with(kla_step_mp=_kla_step_unrelaxed)),
     Broken("coefficient_position_dependent", "beta_t divided by t", ("kla.coefficient_locality",),
            _wrap("kaczmarz_coefficient", _coefficient_position_dependent), precision="float64"),
-    Broken("chunkwise_unnormalised_queries", "chunk outputs without 1/||q_i||", ("kla.props3_4",),
+    Broken("chunkwise_unnormalised_queries", "chunk outputs without 1/||q_i||", ("kla.props3_4", "kla.b5.diagonal"),
            _wrap("kla_chunkwise", _chunkwise_unnormalised), precision="float64"),
     Broken("wy_printed_lead", "w_i's lead term alpha_i gamma k_i (printed gamma_{i->i})", ("kla.props5_6.solver",),
            _wrap("wy_representation", _wy_printed_lead), precision="float64"),

@@ -109,7 +109,8 @@ def _impl():
             "state_components": lambda r, P: (r * r, r * r, P * r, r, 1), "lm_head_grad_mp": lambda GL, W: GL * W,
             "attention_jacobian_mp": lambda V, S, K, dk: V.T * S * K / mpmath.sqrt(dk),
             "ska_jacobian_mp": lambda eta, Bv, L, Apow, Li: eta * Bv * L * Apow * Li,
-            "kmlp_jacobian_mp": lambda Wr, R, D, Wl: Wr * R * D * Wl, "spectral_norm_mp": mpla.norm2}
+            "kmlp_jacobian_mp": lambda Wr, R, D, Wl: Wr * R * D * Wl, "spectral_norm_mp": mpla.norm2,
+            "rescale_mp": mp_rescale}
 
 
 def _impl_solvers():
@@ -528,7 +529,7 @@ def _check_d2_d3(case, impl, prec) -> Measurement:
             s = impl["stats_mp"](s_case)
             A_hat = impl["spectral_normalize_mp"](impl["whitened_mp"](s))
             parts = []
-            P = mpla.eye(Aw.rows)
+            P = mpla.eye(A_hat.rows)
             for K in range(1, 5):
                 P = P * A_hat
                 parts.append(exact_inequality(mpla.norm2(P), 1, f"||A^^{K}|| <= 1 (D.2)"))
@@ -1305,4 +1306,84 @@ register_uncheckable(
     Uncheckable("echo.s323.rank_compression", "echo", "Echo Sec. 3.2.3, 'Gradient flow'",
                 "Softmax layers compress gradients by an entropy-dependent effective rank that compounds across depth.",
                 "Qualitative (cites Godey and Artzi); its precise content is Props. J.1-J.3 and J.9, checked."),
+)
+
+
+# --------------------------------------------------------- Sec. 3.2.1 footnote 1, Sec. 3.2.3 estimator
+
+
+def mp_rescale(s, rho, eps, rule):
+    """Statistics re-expressed for keys scaled by rho = m_old/m_new: 'printed' multiplies every statistic
+    by rho^2 (footnote 1); 'corrected' scales the data part of G~ and M by rho^2 and C_v by rho."""
+    I = mpla.eye(s["Gt"].rows)
+    if rule == "printed":
+        return rho**2 * s["Gt"], rho**2 * s["M"], rho**2 * s["Cv"]
+    return eps * I + rho**2 * (s["Gt"] - eps * I), rho**2 * s["M"], rho * s["Cv"]
+
+
+@formed
+def _footnote(form):
+    def check(case, impl, prec) -> Measurement:
+        c, factor = case
+        with mpla.exact():
+            rho = 1 / mpf(factor)  # m_new = factor m_old
+            s = impl["stats_mp"](c)
+            G, M, Cv = impl["rescale_mp"](s, rho, mpf(c["eps"]), form)
+            fresh = impl["stats_mp"](dict(c, Z=tuple(tuple(x * float(rho) for x in z) for z in c["Z"])))
+            return worst([exact_identity(G, fresh["Gt"], "G~"), exact_identity(M, fresh["M"], "M"),
+                          exact_identity(Cv, fresh["Cv"], "C_v")])
+    return check
+
+
+_FOOT_EXAMPLE = ({"Z": ((1.0,),), "V": ((1.0,),), "q": (0.0,), "eps": 1.0}, 2.0)
+register(
+    echo(id="echo.s321.footnote1.printed", source="Echo Sec. 3.2.1, footnote 1",
+         statement="When the frozen normaliser changes from m_old to m_new, rescaling all statistics by (m_old/m_new)^2 gives "
+                   "those of the renormalised keys.",
+         quantity="mp: the rescaled G~, M, C_v against statistics recomputed from keys scaled by m_old/m_new (factor a power of 2).",
+         strategy=lambda: st.tuples(_seq_cases(), st.sampled_from((0.5, 2.0, 4.0))), check=_footnote("printed"),
+         expected=FAILS, twin="echo.s321.footnote1.corrected", examples=(_FOOT_EXAMPLE,)),
+    echo(id="echo.s321.footnote1.corrected", source="Echo Sec. 3.2.1, footnote 1 (corrected)",
+         statement="G~ <- eps I + rho^2 (G~ - eps I), M <- rho^2 M, C_v <- rho C_v with rho = m_old/m_new (C_v is linear in the "
+                   "keys; eps I is not data).",
+         quantity="mp: against recomputed statistics, held to 1e-30.",
+         strategy=lambda: st.tuples(_seq_cases(), st.sampled_from((0.5, 2.0, 4.0))), check=_footnote("corrected"),
+         form=CORRECTED, twin="echo.s321.footnote1.printed"),
+)
+
+
+@formed
+def _layer_estimator(form):
+    def check(c, impl, prec) -> Measurement:
+        with mpla.exact():
+            s = impl["stats_mp"](c)
+            A = impl["koopman_estimator_mp"](s["M"], s["Gt"])  # the layer's M G~^{-1}, G~ of eq. (4)
+            Z, eps = s["Z"], mpf(c["eps"])
+
+            def obj(Am):
+                o = mpmath.fsum(mpla.dot(Z[t + 1] - Am * Z[t], Z[t + 1] - Am * Z[t]) for t in range(len(Z) - 1))
+                if form == "corrected":  # the last key regressed onto 0
+                    o += mpla.dot(Am * Z[-1], Am * Z[-1])
+                return o + eps * mpla.fro(Am) ** 2
+
+            g = mpla.matrix_grad(obj, A)
+            return Measurement(float(mpla.fro(g)), float(mpla.exact_tol() * (mpla.fro(s["M"]) + 1)), "||grad|| at M G~^{-1}")
+    return check
+
+
+_LAYER_EXAMPLE = {"Z": ((1.0,), (1.0,)), "V": ((0.0,), (0.0,)), "q": (0.0,), "eps": 1.0}
+register(
+    echo(id="echo.s323.layer_estimator.printed", source="Echo Sec. 3.2.3 with eq. (4) and Prop. A.1/A.2",
+         statement="The layer's A = M G~^{-1}, with G~ of eq. (4) (sum over all T tokens), is the ridge Koopman estimator of "
+                   "Props. A.1-A.2: the minimiser of sum_{t<T} ||z_{t+1} - A z_t||^2 + eps ||A||_F^2.",
+         quantity="mp: the gradient of that objective at M G~^{-1}.",
+         strategy=lambda: _seq_cases(min_T=2), check=_layer_estimator("printed"), expected=FAILS,
+         twin="echo.s323.layer_estimator.corrected", examples=(_LAYER_EXAMPLE,),
+         note="Prop. A.1's G sums t = 1..T-1 (eq. (16)); eqs. (4) and (53) include the last token."),
+    echo(id="echo.s323.layer_estimator.corrected", source="Echo Sec. 3.2.3 (corrected)",
+         statement="M G~^{-1} minimises sum_{t<T} ||z_{t+1} - A z_t||^2 + ||A z_T||^2 + eps ||A||_F^2 (the last key regressed "
+                   "onto 0).",
+         quantity="mp: the gradient of that objective at M G~^{-1}, held to 1e-30.",
+         strategy=lambda: _seq_cases(min_T=2), check=_layer_estimator("corrected"), form=CORRECTED,
+         twin="echo.s323.layer_estimator.printed"),
 )

@@ -1,0 +1,122 @@
+"""The claim catalogue under the deterministic CI profile: every observed verdict is the recorded one.
+
+Runs ``proofs_check.runner.run`` over every claim (per paper, so a failure names its paper) with
+half the profile's examples, and checks the CLI, the table, the registry's bookkeeping and the
+strategies users get from ``analysis.strategies`` (bf16, ridge).
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+import proofs_check
+from analysis.strategies.bf16 import bf16_floats, bf16_tensors, is_bf16, to_bf16
+from analysis.strategies.ridge import eigenvalue_bounds, gka_sequences, gka_systems
+from proofs_check import registry, runner
+from proofs_check.claim import CORRECTED, EXTENSION, FAILS, HOLDS, PRINTED, WORKING
+
+PAPERS = ("gka", "kla", "echo", "gates")
+
+
+def _examples() -> int:
+    return max(2, settings().max_examples // 2)
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_every_verdict_is_the_recorded_one(paper):
+    results = runner.run(paper, examples=_examples())
+    bad = [r for r in results if not r.matches]
+    assert results
+    assert not bad, runner.format_table(bad)
+
+
+def test_printed_forms_fail_with_their_stored_counterexample_first():
+    # a printed form's stored @example alone decides it: one case, no search
+    for claim in registry.all_claims():
+        if claim.form == PRINTED and claim.expected == FAILS and claim.examples:
+            r = runner.run_claim(claim, claim.precisions[0], examples=1, shrink=False)
+            assert r.verdict == FAILS, f"{claim.id}: stored counterexample no longer fails ({r.message})"
+
+
+def test_registry_bookkeeping():
+    claims = registry.all_claims()
+    ids = [c.id for c in claims]
+    assert len(ids) == len(set(ids))
+    for c in claims:
+        assert c.source and c.statement and c.quantity, c.id
+        assert c.precisions and all(p in ("mp",) + WORKING for p in c.precisions), c.id
+        if c.twin is not None:
+            twin = registry.get(c.twin)
+            assert c.form in (PRINTED, CORRECTED), c.id
+            if c.form == CORRECTED:
+                assert twin.expected_for(twin.precisions[0]) == FAILS, c.id
+        if c.form == PRINTED and c.expected == FAILS:
+            assert c.twin is not None, f"{c.id}: a printed form that fails needs its corrected twin"
+            assert c.examples, f"{c.id}: a printed form that fails keeps its counterexample"
+        if c.form == EXTENSION:
+            assert c.expected in (HOLDS, FAILS)
+    assert {u.paper for u in registry.uncheckable()} == set(PAPERS)
+
+
+def test_main_exit_status_and_table(capsys, monkeypatch):
+    assert runner.main(["--claim", "gka.lemma3", "--claim", "gka.chunk_matvec", "--examples", "2", "--precision", "mp"]) == 0
+    out = capsys.readouterr().out
+    assert "gka.lemma3" in out and "fails as printed, corrected form holds" in out
+    claim = registry.get("gka.lemma3")
+    monkeypatch.setitem(registry._CLAIMS, "gka.lemma3", dataclasses.replace(claim, expected=FAILS))
+    assert runner.main(["--claim", "gka.lemma3", "--examples", "2", "--precision", "mp"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_list_filters_and_rows(capsys):
+    assert runner.main(["--list", "--paper", "kla"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed and all(line.startswith("kla.") for line in listed)
+    rows = runner.table_rows(runner.run(claims=["gates.softplus"], examples=2, precisions=["mp"]))
+    assert {r["claim"] for r in rows} == {"gates.softplus.printed", "gates.softplus.corrected"}
+    assert {"claim", "source", "precision", "cases", "worst", "bound", "verdict", "matches"} <= set(rows[0])
+    with pytest.raises(ValueError, match="unknown claim"):
+        runner.run(claims=["no.such.claim"])
+    with pytest.raises(ValueError, match="unknown precision"):
+        runner.run(claims=["gka.lemma3"], precisions=["float16"])
+
+
+def test_public_api():
+    assert proofs_check.run is runner.run and proofs_check.main is runner.main
+    assert len(proofs_check.all_claims()) == len(registry.all_claims())
+
+
+# ------------------------------------------------------------------------ user strategies
+
+
+@given(bf16_floats(-3.0, 3.0))
+def test_bf16_floats_are_bf16(x):
+    assert -3.0 <= x <= 3.0 and to_bf16(x) == x
+
+
+@given(bf16_tensors((3, 2), min_value=-1.0, max_value=1.0))
+def test_bf16_tensors_round_trip(t):
+    assert t.shape == (3, 2) and t.dtype == torch.float64 and is_bf16(t)
+
+
+@given(gka_sequences(max_T=3, max_dim=3, with_H0=True))
+def test_gka_sequences_are_gka_regressions(seq):
+    assert all(g <= 0.0 for g in seq.log_gates)
+    for t in range(1, seq.T + 1):  # lambda_t > 0 and eq. (4)'s bound
+        H = seq.H(t)
+        fro = float(torch.linalg.matrix_norm(H))
+        assert fro > 0
+        ev = torch.linalg.eigvalsh(H + seq.a * fro * torch.eye(seq.D, dtype=H.dtype))
+        # eigvalsh backward error ~ D u ||H||: relative 1e-12 is far above it
+        assert float(ev[-1] / ev[0]) <= (seq.a + 1) / seq.a * (1 + 1e-12)
+        assert all(is_bf16(seq.tensor(n)) for n in ("keys", "queries", "cotangents"))
+
+
+@given(gka_systems(max_dim=3), eigenvalue_bounds(max_kappa=100.0))
+def test_gka_systems_and_bounds(sysc, bounds):
+    assert float(torch.linalg.matrix_norm(sysc.H())) > 0
+    L, mu = bounds
+    assert L > mu > 0 and L / mu <= 100.0 * (1 + 1e-12) and not math.isnan(L)
