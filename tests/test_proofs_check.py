@@ -120,3 +120,12 @@ def test_gka_systems_and_bounds(sysc, bounds):
     assert float(torch.linalg.matrix_norm(sysc.H())) > 0
     L, mu = bounds
     assert L > mu > 0 and L / mu <= 100.0 * (1 + 1e-12) and not math.isnan(L)
+
+
+def test_claims_md_lists_every_claim():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "claims.md").read_text()
+    missing = [c.id for c in registry.all_claims() if f"`{c.id}`" not in text]
+    missing += [u.id for u in registry.uncheckable() if f"`{u.id}`" not in text]
+    assert not missing, f"regenerate docs/claims.md (python -m proofs_check.catalogue): {missing}"
