@@ -561,12 +561,13 @@ def main(argv=None) -> int:
     ap.add_argument("--max-d", type=int, default=16)
     ap.add_argument("--max-batch", type=int, default=4)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
     strat = STRATEGIES[args.strategy](precision=PRECISIONS[args.precision], device=device, **sizes)
     rep = check(load(args.kernel), load(args.reference), strat, precision=args.precision, model=args.model,
-                examples=args.examples, device=device)
+                examples=args.examples, device=device, shrink=not args.no_shrink)
     print(rep)
     return 0 if rep.passed else 1
 
