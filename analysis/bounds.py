@@ -25,8 +25,8 @@ def _t(x) -> torch.Tensor:
 def contraction_rate(kappa) -> torch.Tensor:
     """``R_a = (sqrt(kappa) - 1)/(sqrt(kappa) + 1)``, the rate of optimal first-order methods
     (GKA appendix D.1, Remark 1)."""
-    s = torch.sqrt(_t(kappa))
-    return (s - 1.0) / (s + 1.0)
+    kappa = _t(kappa)
+    return (kappa - 1.0) / (torch.sqrt(kappa) + 1.0) ** 2  # = (s - 1)/(s + 1), s = sqrt(kappa), no cancellation
 
 
 def rho(L, mu) -> torch.Tensor:
@@ -42,14 +42,33 @@ def log_chebyshev_t(k, x) -> torch.Tensor:
     return a + torch.log1p(torch.exp(-2.0 * a)) - math.log(2.0)
 
 
+def _log_t_from_acosh(k, a) -> torch.Tensor:
+    """``log T_k(x)`` given ``a = acosh(x)``."""
+    ka = _t(k) * a
+    return ka + torch.log1p(torch.exp(-2.0 * ka)) - math.log(2.0)
+
+
+def _acosh_inv_rho(rho2) -> torch.Tensor:
+    """``acosh(1/rho) = log1p((1 - rho + sqrt(1 - rho^2)) / rho)`` from rho^2, accurate to a few
+    ulps even as rho -> 1 (where ``acosh(fl(1/rho))`` loses a factor ~kappa: acosh has slope
+    ``1/sqrt(x^2 - 1)`` at x -> 1). ``1 - rho^2`` is exact for rho^2 >= 1/2 (Sterbenz), and
+    ``1 - rho = (1 - rho^2)/(1 + rho)``."""
+    rho2 = _t(rho2)
+    one_minus = 1.0 - rho2
+    r = torch.sqrt(rho2)
+    safe = torch.where(r > 0, r, torch.ones_like(r))
+    return torch.log1p((one_minus / (1.0 + r) + torch.sqrt(one_minus)) / safe)
+
+
 def chebyshev_bound(kappa, i) -> torch.Tensor:
     """``||xi_i - x*|| / ||x*|| <= 1 / T_{i+1}(1/rho)`` for GKA Algorithm 1 with the spectrum
     in [mu, L] (xi_i has degree i + 1; the standard Chebyshev-iteration bound, e.g. Saad,
-    *Iterative Methods*, Sec. 12.1; GKA Sec. 4.2.3 / [47]). ``kappa = 1`` gives 0 for i >= 0."""
+    *Iterative Methods*, Sec. 12.1; GKA Sec. 4.2.3 / [47]). ``kappa = 1`` gives 0 for i >= 0.
+    Evaluated as ``acosh(1/rho) = -log R_a = log1p(2 (sqrt(kappa) + 1)/(kappa - 1))``: a log1p of
+    a positive, accurately formed argument, so no cancellation at any kappa."""
     kappa = _t(kappa)
-    r = (kappa - 1.0) / (kappa + 1.0)
-    inv = torch.where(r > 0, 1.0 / r, torch.full_like(r, float("inf")))
-    return torch.exp(-log_chebyshev_t(_t(i) + 1.0, inv))
+    a = torch.log1p(2.0 * (torch.sqrt(kappa) + 1.0) / (kappa - 1.0))
+    return torch.exp(-_log_t_from_acosh(_t(i) + 1.0, a))
 
 
 def chebyshev_rate_bound(kappa, i) -> torch.Tensor:
@@ -58,8 +77,14 @@ def chebyshev_rate_bound(kappa, i) -> torch.Tensor:
 
 
 def _abs_chebyshev_t_max(k, t_lo, t_hi) -> torch.Tensor:
-    """``max |T_k(t)|`` over ``t in [t_lo, t_hi]``: 1 on [-1, 1], monotone in |t| outside."""
+    """``max |T_k(t)|`` over ``t in [t_lo, t_hi]``: 1 on [-1, 1], monotone in |t| outside.
+
+    The ends are first moved outward by 4 ulps: they were computed in float64, and just
+    outside [-1, 1] ``T_k`` rises with slope k^2, so an end rounded inward would make the
+    maximum too small (by ~k^2 u relative) when an eigenvalue sits at mu' or L'."""
     k = _t(k)
+    out = 4.0 * 2.0**-53
+    t_lo, t_hi = t_lo - out * (1.0 + t_lo.abs()), t_hi + out * (1.0 + t_hi.abs())
 
     def abs_t(t):
         big = torch.exp(log_chebyshev_t(k, t.abs()))
@@ -88,7 +113,7 @@ def chebyshev_bound_for_constants(step, rho2, lam_min, lam_max, i) -> torch.Tens
     safe = torch.where(rho_p > 0, rho_p, torch.ones_like(rho_p))
     t_hi, t_lo = (1.0 - step * lo) / safe, (1.0 - step * hi) / safe
     num = torch.log(_abs_chebyshev_t_max(k, t_lo, t_hi))
-    cheb = torch.exp(num - log_chebyshev_t(k, 1.0 / safe))
+    cheb = torch.exp(num - _log_t_from_acosh(k, _acosh_inv_rho(rho2)))
     richardson = torch.maximum((1.0 - step * lo).abs(), (1.0 - step * hi).abs()) ** k
     return torch.where(rho_p > 0, cheb, richardson)
 
@@ -97,14 +122,14 @@ def with_evaluation_slack(bound, i) -> torch.Tensor:
     """A bound as evaluated here, widened by its own float64 evaluation error, for comparison
     with mpmath-measured errors.
 
-    ``exp(-log T_k)`` with ``log T_k`` up to ~745 carries a relative error of ~``|log bound| u``
-    (u = 2^-53), the powers ``R^i`` likewise ``i u``; the measured errors bottom out at ~1e-31
-    (double-double ground truth). Spectral ends must be widened by the caller
-    (``analysis.checks.spectral_interval``).
+    ``exp(-log T_k)`` with ``log T_k`` up to ~745 (computed from an accurate ``acosh(1/rho)``)
+    carries a relative error of a few ``|log bound| u`` (u = 2^-53), the powers ``R^i`` likewise
+    ``i u``; the measured errors bottom out at ~1e-31 (double-double ground truth). Spectral ends
+    must be widened by the caller (``analysis.checks.spectral_interval``).
     """
     b = _t(bound)
     logb = torch.log(b.clamp_min(torch.finfo(_F64).tiny)).abs()
-    return b * (1.0 + 2.0**-50 * (8.0 + logb + _t(i))) + 1e-30
+    return b * (1.0 + 2.0**-50 * (8.0 + 4.0 * logb + _t(i))) + 1e-30
 
 
 def gd_bound(kappa, i) -> torch.Tensor:
@@ -123,8 +148,11 @@ def gd_bound_for_step(step, lam_min, lam_max, i) -> torch.Tensor:
 
 def cg_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*||_H / ||x*||_H <= 2 R_a^i``: CG in the H-norm (solvers/cg.py; Saad,
-    *Iterative Methods*, Thm 6.29). Exact arithmetic; kappa of the matrix itself."""
-    return 2.0 * contraction_rate(kappa) ** _t(i)
+    *Iterative Methods*, Thm 6.29). Exact arithmetic; kappa of the matrix itself; ``inf`` for
+    kappa = inf (an indefinite matrix: no H-norm, no bound)."""
+    kappa = _t(kappa)
+    b = 2.0 * contraction_rate(kappa) ** _t(i)
+    return torch.where(torch.isinf(kappa), torch.full_like(b, float("inf")), b)
 
 
 def cg_bound_2norm(kappa, i) -> torch.Tensor:

@@ -58,11 +58,12 @@ def truncation_bounds(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
         b = bounds.chebyshev_bound_for_constants(c["step"], c["rho2"], lo, hi, i)
     elif split.method == "gd":
         b = bounds.gd_bound_for_step(c["step"], lo, hi, i)
-    elif split.method == "agd":
-        b = bounds.agd_bound(method_kappa(split, L, mu), i)
     else:
-        kappa = torch.where(lo > 0, hi / lo.clamp_min(torch.finfo(torch.float64).tiny), torch.full_like(lo, float("inf")))
-        b = bounds.cg_bound(kappa, i)
+        ends = torch.stack([lo, hi], dim=-1)  # the widened spectrum, in allowance_kappa's format
+        if split.method == "agd":
+            b = bounds.agd_bound(allowance_kappa(ends, L, mu), i)
+        else:
+            b = bounds.cg_bound(allowance_kappa(ends), i)
     return bounds.with_evaluation_slack(b, i)
 
 
@@ -71,9 +72,12 @@ def measured_truncation(split: ErrorSplit) -> torch.Tensor:
 
 
 def truncation_ratio(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
-    """Per-iterate ``truncation / bound`` (NaN measurements, e.g. an indefinite H-norm, give inf)."""
-    r = measured_truncation(split) / truncation_bounds(split, L, mu)
-    return torch.nan_to_num(r, nan=float("inf"))
+    """Per-iterate ``truncation / bound``. An infinite bound (no bound applies: CG or AGD on a
+    stored matrix that rounding made indefinite) gives 0, no claim; a NaN measurement under a
+    finite bound gives inf, a failure."""
+    b = truncation_bounds(split, L, mu)
+    r = torch.nan_to_num(measured_truncation(split) / b, nan=float("inf"))
+    return torch.where(torch.isinf(b), torch.zeros_like(r), r)
 
 
 def allowance(split: ErrorSplit, L=None, mu=None) -> tuple:
