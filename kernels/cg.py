@@ -38,12 +38,13 @@ def cg_kernel(
     b_rr = tl.sum(b_r * b_r)
     b_qn = tl.sqrt(tl.sum(b_q * b_q))
     b_thr = tl.maximum(rtol * b_qn, atol)
+    # At or below the rounding floor ||r|| <= u ||q|| further steps are noise (and
+    # alpha = rr / pHp of two underflowing numbers): a fixed-count run freezes there.
+    b_floor = (U * b_qn) * (U * b_qn)
     if USE_TOL:
         b_done = b_rr <= b_thr * b_thr
     else:
-        b_done = b_rr == 0.0
-    # Below this residual a non-positive p^T H p is convergence to working accuracy.
-    b_floor = (U * b_qn) * (U * b_qn)
+        b_done = b_rr <= b_floor
     b_broke = b_rr < 0.0
     if STORE_ALL:
         store_vector(p_xs, i_n, b_x, D, BLOCK_D)
@@ -64,7 +65,7 @@ def cg_kernel(
         if USE_TOL:
             b_done = b_done | (b_active & (b_rr <= b_thr * b_thr))
         else:
-            b_done = b_done | (b_active & (b_rr == 0.0))
+            b_done = b_done | (b_active & (b_rr <= b_floor))
         if STORE_ALL:
             store_vector(p_xs + (i + 1) * stride_xs, i_n, b_x, D, BLOCK_D)
     store_vector(p_x, i_n, b_x, D, BLOCK_D)

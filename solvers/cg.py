@@ -9,7 +9,8 @@ Error bound (exact arithmetic): ``||x_i - x*||_H <= 2 R_a^i ||x*||_H``.
 
 This differs from ``scipy.sparse.linalg.cg`` in: the default is a fixed number of
 iterations with no tolerance (as in the papers); ``q = 0`` and a residual that vanishes
-exactly freeze that system (status CONVERGED) instead of dividing 0 by 0; the recursively
+to the rounding floor ``||r_i|| <= u ||q||`` freeze that system (status CONVERGED) instead of
+dividing two underflowing numbers (which would also give autograd a NaN gradient); the recursively
 updated residual r_i is what the method uses, the history records the true residual.
 """
 
@@ -38,7 +39,8 @@ def cg(
     """``iters`` steps of CG on ``H x = q``; optionally stop a system once
     ``||r_i|| <= max(rtol ||q||, atol)`` (recursive residual, as scipy).
 
-    Returns x_iters (or ``(x, info)``). Status per system: COMPLETED (no tolerance asked),
+    Returns x_iters (or ``(x, info)``; ``info.alphas``, ``info.betas`` are ``(iters, *batch)``
+    in the compute dtype, NaN for the steps of a frozen system). Status per system: COMPLETED (no tolerance asked),
     CONVERGED, MAX_ITERS_REACHED, BREAKDOWN (``p^T H p <= 0``: H not positive definite in
     the working precision) or NONFINITE.
     """
@@ -57,12 +59,15 @@ def cg(
     rr = ar.dot(r, r)
     use_tol = rtol is not None or atol > 0
     threshold = torch.clamp(float(rtol or 0.0) * torch.sqrt(ar.dot(sys.q, sys.q)), min=float(atol))
-    done = rr <= threshold**2 if use_tol else rr == 0
-    # Once the residual is at the rounding floor, p^T H p can underflow to 0: that is
-    # convergence to working accuracy, not a breakdown of positive definiteness.
+    # The rounding floor ||r|| <= u ||q||: below it p^T H p can underflow to 0 (convergence
+    # to working accuracy, not a breakdown), and a fixed-count run freezes there, because
+    # further steps only add noise and alpha = rr / pHp of two tiny numbers would make
+    # autograd through the loop overflow to inf * 0 = NaN.
     floor = (ar.u_acc * torch.sqrt(ar.dot(sys.q, sys.q))) ** 2
+    done = rr <= threshold**2 if use_tol else rr <= floor
     broke = torch.zeros_like(done)
-    iterates = [x]
+    iterates, alphas, betas = [x], [], []
+    nan = torch.full_like(rr, float("nan"))
     for _ in range(iters):
         Hp = ar.matvec(Hs, p)
         pHp = ar.dot(p, Hp)
@@ -79,13 +84,17 @@ def cg(
         beta = torch.where(active, rr_new / torch.where(active, rr, torch.ones_like(rr)), torch.zeros_like(rr))
         p = torch.where(active.unsqueeze(-1), ar.store(ar.up(r) + beta.unsqueeze(-1) * ar.up(p)), p)
         rr = torch.where(active, rr_new, rr)
-        done = done | (active & ((rr <= threshold**2) if use_tol else (rr == 0)))
+        done = done | (active & (rr <= (threshold**2 if use_tol else floor)))
         if return_info:
             iterates.append(x)
+            alphas.append(torch.where(active, alpha, nan))
+            betas.append(torch.where(active, beta, nan))
     if not return_info:
         return x
     status = torch.full(sys.batch, int(Status.MAX_ITERS_REACHED if use_tol else Status.COMPLETED), device=x.device)
     status = torch.where(done, torch.full_like(status, Status.CONVERGED), status)
     status = torch.where(broke, torch.full_like(status, Status.BREAKDOWN), status)
     status = nonfinite_status(x, status)
-    return x, build_info(Hs, sys.q, iterates, status, ar.label)
+    empty = torch.empty((0, *sys.batch), dtype=rr.dtype, device=rr.device)
+    scalars = {"alphas": torch.stack(alphas) if alphas else empty, "betas": torch.stack(betas) if betas else empty}
+    return x, build_info(Hs, sys.q, iterates, status, ar.label, scalars)

@@ -16,9 +16,8 @@ or as large as 1e10" without naming it. Which quantity depends on the form CG is
   so reversing it divides by ``b_i^CG = -m_i``; ``m_i`` plays the role of Chebyshev's
   ``omega_i - 1``.
 
-:func:`cg_coefficients` replays ``solvers.cg`` operation for operation (same ``Arith`` calls,
-same freezing of converged or broken-down systems, so its iterates equal ``solvers.cg``'s
-bit for bit — tests/test_figures.py checks this) and records ``alpha_i``, ``beta_i``.
+:func:`cg_coefficients` reads ``alpha_i``, ``beta_i`` from ``solvers.cg``'s own history
+(``return_info=True``), so the divisors are those of the very iteration the solver runs.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solvers._system import prepare
+import solvers
 
 
 @dataclass
@@ -50,34 +49,5 @@ class CGCoefficients:
 
 def cg_coefficients(H: torch.Tensor, q: torch.Tensor, *, iters: int, bf16_mode: str = "storage") -> CGCoefficients:
     """``solvers.cg(H, q, iters=iters)`` (no tolerance) with its scalars recorded."""
-    sys = prepare(H, q, need_bounds=False, bf16_mode=bf16_mode)
-    ar = sys.arith
-    x = torch.zeros_like(sys.q)
-    r = p = sys.q
-    rr = ar.dot(r, r)
-    done = rr == 0
-    floor = (ar.u_acc * torch.sqrt(ar.dot(sys.q, sys.q))) ** 2
-    broke = torch.zeros_like(done)
-    alphas, betas, iterates = [], [], [x]
-    nan = torch.full_like(rr, float("nan"))
-    for _ in range(iters):
-        Hp = ar.matvec(sys.H, p)
-        pHp = ar.dot(p, Hp)
-        stalled = ~done & (pHp <= 0)
-        done = done | (stalled & (rr <= floor))
-        broke = broke | (stalled & (rr > floor))
-        active = ~done & ~broke
-        alpha = torch.where(active, rr / torch.where(active, pHp, torch.ones_like(pHp)), torch.zeros_like(rr))
-        x = ar.store(ar.up(x) + alpha.unsqueeze(-1) * ar.up(p))
-        r = ar.store(ar.up(r) - alpha.unsqueeze(-1) * Hp)
-        rr_new = ar.dot(r, r)
-        beta = torch.where(active, rr_new / torch.where(active, rr, torch.ones_like(rr)), torch.zeros_like(rr))
-        p = torch.where(active.unsqueeze(-1), ar.store(ar.up(r) + beta.unsqueeze(-1) * ar.up(p)), p)
-        rr = torch.where(active, rr_new, rr)
-        done = done | (active & (rr == 0))
-        alphas.append(torch.where(active, alpha, nan))
-        betas.append(torch.where(active, beta, nan))
-        iterates.append(x)
-    empty = torch.empty((0, *sys.batch), dtype=rr.dtype)
-    return CGCoefficients(torch.stack(alphas) if alphas else empty, torch.stack(betas) if betas else empty,
-                          torch.stack(iterates))
+    _, info = solvers.cg(H, q, iters=iters, bf16_mode=bf16_mode, return_info=True)
+    return CGCoefficients(info.alphas, info.betas, info.iterates)
