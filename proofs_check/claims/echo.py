@@ -1225,7 +1225,8 @@ def _check_j4_j6(case, impl, prec) -> Measurement:
         P, r = Bv.rows, Bv.cols
         if P >= r:
             sB, sA = mpla.sigma_min(Bv), mpla.singular_values(A_hat)[-1]
-            if sB > 0 and (K == 0 or sA > 0):
+            tiny = mpf(10) ** -25  # J.5's hypotheses: rank(C_v) = r and A^ invertible (50-digit SVD noise is ~1e-50)
+            if sB > tiny * (mpla.norm2(Bv) + 1) and (K == 0 or sA > tiny):
                 parts.append(exact_inequality(mpf(eta) * sB * sA**K * mpmath.sqrt(eps / (nG + eps)), mpla.sigma_min(J), "J.6"))
         return worst(parts)
 
