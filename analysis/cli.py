@@ -68,28 +68,42 @@ class Progress:
 # ---------------------------------------------------------------------- verification
 
 
+def _allowance_applies(row: VerificationRow) -> bool:
+    return row.rounding_bound < 1.0
+
+
+def _has_running_bound(row: VerificationRow) -> bool:
+    return math.isfinite(row.running_bound) and not math.isnan(row.running_ratio)
+
+
 def verdict(row: VerificationRow) -> str:
-    """``holds`` / ``FAILS (...)`` / ``no guarantee``: the allowance says nothing once it is >= 1
-    (relative error 1 = no accuracy; analysis.precision.allowance_applies)."""
+    """``holds`` / ``holds (running bound)`` / ``FAILS (...)`` / ``no guarantee``.
+
+    The a-priori allowance says nothing once it is >= 1 (relative error 1 = no accuracy;
+    analysis.precision.allowance_applies). The running bound (analysis.running_bounds) is a
+    rigorous bound of the run itself, so it is checked whenever the row has one, and it is a
+    guarantee where it is < 1. "no guarantee" only where neither bound says anything.
+    """
     if row.truncation > row.truncation_bound:
         return "FAILS (truncation)"
-    if not (row.rounding_bound < 1.0):
-        return "no guarantee"
-    if row.rounding > row.rounding_bound:
+    if _allowance_applies(row) and row.rounding > row.rounding_bound:
         return "FAILS (rounding)"
-    return "holds"
+    if row.running_ratio > 1.0:  # NaN (no running bound): no claim
+        return "FAILS (running bound)"
+    if _allowance_applies(row):
+        return "holds"
+    if _has_running_bound(row) and row.running_bound < 1.0:
+        return "holds (running bound)"
+    return "no guarantee"
 
 
-def _ratio(row: VerificationRow) -> float:
-    """rounding / (kappa (n u_acc + u_store)): the measured constant of the allowance."""
-    from .precision import by_label
-
-    try:
-        arith = by_label(row.precision)
-    except ValueError:
-        return float("nan")
-    unit = row.kappa * (row.n * arith.u_acc + arith.u_store)
-    return row.rounding / unit if unit > 0 else float("nan")
+def rounding_ratio(row: VerificationRow) -> float:
+    """rounding / the tighter applicable bound: the allowance where it is < 1, the running bound
+    where the row has one (the smaller if both); the allowance where neither applies."""
+    applicable = [b for b, ok in ((row.rounding_bound, _allowance_applies(row)),
+                                  (row.running_bound, _has_running_bound(row))) if ok]
+    bound = min(applicable) if applicable else row.rounding_bound
+    return row.rounding / bound if bound > 0 else float("nan")
 
 
 def collect_rows(quick: bool, progress: Progress) -> tuple:
@@ -120,14 +134,16 @@ def _fmt(v) -> str:
 
 
 COLUMNS = ("solver", "precision", "problem", "n", "kappa", "iters", "forward_error", "backward_error",
-           "truncation", "truncation_bound", "rounding", "rounding_bound", "ratio", "verdict")
+           "truncation", "truncation_bound", "rounding", "rounding_bound", "running_bound", "rounding_ratio",
+           "verdict")
+HEADS = {"rounding_ratio": "rounding/bound"}
 
 
 def table_rows(rows: list) -> list:
     out = []
     for r in rows:
         d = {k: getattr(r, k) for k in COLUMNS if hasattr(r, k)}
-        d["ratio"] = _ratio(r)
+        d["rounding_ratio"] = rounding_ratio(r)
         d["verdict"] = verdict(r)
         out.append(d)
     return out
@@ -135,7 +151,7 @@ def table_rows(rows: list) -> list:
 
 def format_table(rows: list, markdown: bool = False) -> str:
     data = [[_fmt(d[c]) for c in COLUMNS] for d in table_rows(rows)]
-    heads = [c.replace("_error", "").replace("_bound", " bound") for c in COLUMNS]
+    heads = [HEADS.get(c, c.replace("_error", "").replace("_bound", " bound")) for c in COLUMNS]
     if markdown:
         lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         lines += ["| " + " | ".join(r) + " |" for r in data]
@@ -150,8 +166,11 @@ forward = ||x - x*||/||x*|| (x* exact, >= 50 digits, of the stored inputs); back
 ||q - A x||/(||A||_2 ||x|| + ||q||); truncation = mp replay vs x* at the iterate where
 truncation/bound is worst (CG: H-norm); rounding = working vs mp replay, max over iterates
 (CG: final forward error); rounding bound = c kappa (n u_acc + u_store), c = {c:g}
-(docs/precision.md); ratio = rounding / (kappa (n u_acc + u_store)), the measured constant;
-"no guarantee": the allowance is >= 1 (c kappa (n u_acc + u_store) >= 1).
+(docs/precision.md); running bound = the run's own a-posteriori bound on its rounding, max
+over iterates (Chebyshev/GD/AGD; docs/precision.md "Running error bounds"), held at every
+iterate and step; rounding/bound = rounding over the tighter applicable bound; "holds
+(running bound)": the allowance is >= 1 but the running bound is < 1 and holds; "no
+guarantee": neither bound is < 1.
 """
 
 
@@ -168,7 +187,8 @@ def write_verification(rows: list, failures: list, out_dir: pathlib.Path) -> lis
             w.writerow({**d, "notes": r.notes})
     json_path = out_dir / "verification.json"
     payload = {"allowance_c": ALLOWANCE_C,
-               "rows": [{**r.as_dict(), "verdict": d["verdict"], "ratio": d["ratio"]} for r, d in zip(rows, trows)],
+               "rows": [{**r.as_dict(), "verdict": d["verdict"], "rounding_ratio": d["rounding_ratio"]}
+                        for r, d in zip(rows, trows)],
                "family_failures": [{"family": n, "error": e} for n, e, _ in failures]}
     json_path.write_text(json.dumps(payload, indent=1, default=float))
     md_path = out_dir / "verification.md"
@@ -238,18 +258,20 @@ def run_claims(argv: list, out_dir: Optional[pathlib.Path]) -> tuple:
 
 
 def summary_table(rows: list) -> str:
-    """Per solver and precision: verdict counts, worst forward error, worst measured constant."""
+    """Per solver and precision: verdict counts, worst forward error, worst rounding/bound."""
     groups = {}
     for r, d in zip(rows, table_rows(rows)):
         groups.setdefault((r.solver, r.precision), []).append((r, d))
-    lines = ["| solver | precision | rows | holds | no guarantee | fails | worst forward error | worst ratio |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| solver | precision | rows | holds | holds (running bound) | no guarantee | fails | worst forward error "
+             "| worst rounding/bound |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for (solver, prec), items in groups.items():
         verdicts = [d["verdict"] for _, d in items]
         fails = sum(v.startswith("FAILS") for v in verdicts)
         fwd = max((r.forward_error for r, _ in items), default=float("nan"))
-        ratios = [d["ratio"] for _, d in items if not math.isnan(d["ratio"])]
+        ratios = [d["rounding_ratio"] for _, d in items if not math.isnan(d["rounding_ratio"])]
         lines.append(f"| {solver} | {prec} | {len(items)} | {verdicts.count('holds')} | "
+                     f"{verdicts.count('holds (running bound)')} | "
                      f"{verdicts.count('no guarantee')} | {fails} | {_fmt(fwd)} | {_fmt(max(ratios, default=float('nan')))} |")
     return "\n".join(lines) + "\n"
 

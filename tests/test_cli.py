@@ -70,7 +70,7 @@ def test_verify_writes_table_files_and_prints(tmp_path, fake_family, capsys):
     d = tmp_path / "verification"
     rows = list(csv.DictReader((d / "verification.csv").open()))
     assert rows[0]["solver"] == "fake" and rows[0]["verdict"] == "holds"
-    assert float(rows[0]["ratio"]) == pytest.approx(1e-7 / (10.0 * (4 * 2.0**-24 + 2.0**-24)))
+    assert float(rows[0]["rounding_ratio"]) == pytest.approx(1e-7 / 1e-4)  # rounding / the applicable bound
     payload = json.loads((d / "verification.json").read_text())
     assert payload["rows"][0]["verdict"] == "holds"
     assert "| fake | float32 |" in (d / "verification.md").read_text()
@@ -80,6 +80,9 @@ def test_verify_writes_table_files_and_prints(tmp_path, fake_family, capsys):
     (dict(rounding=1e-3), "FAILS (rounding)", 1),
     (dict(truncation=0.3), "FAILS (truncation)", 1),
     (dict(rounding=0.5, rounding_bound=2.0), "no guarantee", 0),
+    (dict(rounding=0.05, rounding_bound=2.0, running_bound=0.1, running_ratio=0.5), "holds (running bound)", 0),
+    (dict(rounding=0.05, rounding_bound=2.0, running_bound=0.1, running_ratio=1.5), "FAILS (running bound)", 1),
+    (dict(rounding=0.5, rounding_bound=2.0, running_bound=3.0, running_ratio=0.5), "no guarantee", 0),
 ])
 def test_verdicts_and_exit_code(tmp_path, fake_family, row, verdict, code):
     fake_family.ROWS = [_row(**row)]
@@ -163,4 +166,4 @@ def test_real_verify_families_quick(tmp_path, monkeypatch):
     assert cli.main(["verify", "--quick", "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader((tmp_path / "verification" / "verification.csv").open()))
     assert {r["precision"] for r in rows} == {"float64", "float32", "bfloat16/storage", "bfloat16/strict"}
-    assert all(r["verdict"] in ("holds", "no guarantee") for r in rows)
+    assert all(r["verdict"] in ("holds", "holds (running bound)", "no guarantee") for r in rows)

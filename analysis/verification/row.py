@@ -17,7 +17,12 @@ class VerificationRow:
         direct methods); truncation_bound is its a-priori bound (e.g. 1/T_{r+1}(1/rho)).
     rounding: ``||x_hat - x_mp|| / ||x*||``; rounding_bound is the precision model's
         allowance ``c * kappa * (n u_acc + u_store)`` (docs/precision.md).
-    holds: both measured values within their bounds.
+    running_bound: the run's own a-posteriori (running) bound on the same rounding
+        (``analysis.running_bounds``; Chebyshev, GD, AGD), max over iterates; NaN where a family
+        has none. running_ratio: the worst ratio of ``analysis.running_bounds.RunningCheck`` --
+        ``rounding_i / running_bound_i`` at every iterate, each step's implied local error against
+        its local bound, the bound's recurrence against the replay: <= 1 holds.
+    holds: every measured value within every bound given.
     """
 
     solver: str
@@ -32,6 +37,8 @@ class VerificationRow:
     truncation_bound: float
     rounding: float
     rounding_bound: float
+    running_bound: float = float("nan")
+    running_ratio: float = float("nan")
     notes: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -39,7 +46,8 @@ class VerificationRow:
     def holds(self) -> bool:
         ok_t = not (self.truncation > self.truncation_bound)
         ok_r = not (self.rounding > self.rounding_bound)
-        return ok_t and ok_r
+        ok_run = not (self.running_ratio > 1.0)  # NaN (no running bound): no claim
+        return ok_t and ok_r and ok_run
 
     def as_dict(self) -> dict:
         d = asdict(self)
