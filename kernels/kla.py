@@ -393,7 +393,8 @@ def _eps(eps) -> float:
 
 def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
     """A gate (float or tensor) broadcast to ``head_shape`` or, with as many dimensions as
-    ``channel_shape``, per channel; rounded to ``like``'s dtype (the inputs "as rounded")."""
+    ``channel_shape``, per channel; rounded to ``like``'s dtype (the inputs "as rounded").
+    Values are checked by :func:`_check_gates`."""
     if isinstance(x, bool):
         raise TypeError(f"{name} must be a float or a tensor, got bool")
     if isinstance(x, numbers.Real):
@@ -403,7 +404,6 @@ def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
             raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
     else:
         raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
-    check.finite(name, x)
     per_channel = channel_shape is not None and x.ndim == len(channel_shape)
     target = channel_shape if per_channel else head_shape
     try:
@@ -414,14 +414,18 @@ def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
     return out.to(like.dtype), per_channel
 
 
-def _in_range(name: str, x: torch.Tensor, low: float, low_open: bool, high=None) -> None:
-    if x.numel() == 0:
+def _check_gates(alpha: torch.Tensor, eta: torch.Tensor) -> None:
+    """Finite, ``0 < alpha <= 1``, ``eta >= 0`` after rounding (as ``solvers.kla_chunkwise``):
+    one device synchronisation when they are, the detailed checks only when they are not."""
+    if not alpha.numel() or bool(((alpha > 0) & (alpha <= 1)).all() & (eta >= 0).all() & torch.isfinite(eta).all()):
         return
-    bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
-    if bad:
-        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
-        raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
-                         f"got values in [{float(x.min())}, {float(x.max())}]")
+    for name, x, low, low_open, high in (("alpha", alpha, 0.0, True, 1.0), ("eta", eta, 0.0, False, None)):
+        check.finite(name, x)
+        bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
+        if bad:
+            interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
+            raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
+                             f"got values in [{float(x.min())}, {float(x.max())}]")
 
 
 def _zero_keys(k: torch.Tensor, v: torch.Tensor) -> None:
@@ -444,8 +448,12 @@ def _zero_keys(k: torch.Tensor, v: torch.Tensor) -> None:
 
 
 def _explain_nonfinite(o, S, q, k, v, initial_state, normalize_queries):
-    """Never a silent NaN: name the input the reference would have rejected."""
-    if o.numel() and bool(torch.isfinite(o).all()) and (S is None or bool(torch.isfinite(S).all())):
+    """Never a silent NaN: if the result is not finite, name the input the reference would
+    have rejected (one synchronisation when it is finite)."""
+    finite = torch.isfinite(o).all()
+    if S is not None:
+        finite = finite & torch.isfinite(S).all()
+    if bool(finite):
         return
     for name, x in (("q", q), ("k", k), ("v", v)) + ((("initial_state", initial_state),) if initial_state is not None else ()):
         check.finite(name, x)
@@ -515,9 +523,8 @@ def kla_chunkwise(
     prec = _precision(input_precision, q.dtype)
     odt = launch.out_dtype(out_dtype, q.dtype)
     alpha_t, per_channel = _gate("alpha", alpha, k.shape[:-1], k.shape, k)
-    _in_range("alpha", alpha_t, 0.0, True, 1.0)
     eta_t, _ = _gate("eta", eta, k.shape[:-1], None, k)
-    _in_range("eta", eta_t, 0.0, False)
+    _check_gates(alpha_t, eta_t)
     if initial_state is not None:
         S0 = launch.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", S0, "q", q)
