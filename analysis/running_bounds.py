@@ -265,6 +265,9 @@ def local_bounds(method: str, H, q, iterates, *, L, mu, arith: Arith, omegas=Non
     solver's own schedule in the compute dtype (:func:`working_omegas`).
     """
     _check_method(method)
+    if not isinstance(iterates, torch.Tensor) or iterates.ndim < 2 or iterates.shape[-1] != H.shape[-1]:
+        raise ValueError(f"iterates must be (iters + 1, *batch, D) with D = {H.shape[-1]}, "
+                         f"got {tuple(getattr(iterates, 'shape', ()))}")
     H64, q64, its = H.to(_F64), q.to(_F64), iterates.to(_F64)
     iters = its.shape[0] - 1
     batch = its.shape[1:-1]
@@ -289,7 +292,7 @@ def local_bounds(method: str, H, q, iterates, *, L, mu, arith: Arith, omegas=Non
         first = torch.zeros_like(its[:1])  # x_0 = 0 exactly
         rest = (_local_gd(m, x, q64, step) if method == "gd"
                 else _local_agd(m, x, xp, q64, step, _batched_constant(consts["beta"], batch))).err
-    bound = torch.cat([first, rest[: iters]]) if iters else first
+    bound = torch.cat([first, rest])
     return LocalBounds(bound, _recurrence(method, consts, batch, iters, omega_exact))
 
 
@@ -392,9 +395,14 @@ def running_check(split: ErrorSplit, H, q, *, L, mu, omegas=None, local: Optiona
 
     local: precomputed :func:`local_bounds` (e.g. built on a deliberately wrong recurrence).
     """
+    arith = by_label(split.precision)
+    used = working_constants(split.method, L, mu, arith)
+    if any(not torch.equal(torch.broadcast_to(v, split.replay.constants[k].shape), split.replay.constants[k])
+           for k, v in used.items()):
+        raise ValueError("split: the running bound is of arithmetic rounding against a replay with the working "
+                         "constants (ground_truth constants='working'); this replay used other constants")
     if local is None:
-        local = local_bounds(split.method, H, q, split.iterates, L=L, mu=mu, arith=by_label(split.precision),
-                             omegas=omegas)
+        local = local_bounds(split.method, H, q, split.iterates, L=L, mu=mu, arith=arith, omegas=omegas)
     bound = _bound_from(local, split.exact.eigenvalues) / split.exact.x.norm()
     batch = split.iterates.shape[1:-1]
     H64 = H.to(_F64).expand(*batch, *H.shape[-2:])
