@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One batched GPU session (device tool): kernel GPU tests, then benchmarks, logs under $OUT.
+#   bash benchmarks/gpu_run.sh tests      # pytest -m gpu over every kernel test file
+#   bash benchmarks/gpu_run.sh bench      # the benchmark suite (benchmarks/bench.py)
+#   bash benchmarks/gpu_run.sh fla        # the harness's worked example against fla (docs/harness.md)
+# Carry .whl (fla-core, einops, hypothesis, ...) with the call; the GPU machine has no network.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-reports/gpu}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+    # Only what the machine lacks: its own torch/triton/numpy stay.
+    for w in .whl/*.whl; do
+        name=$(basename "$w" | cut -d- -f1 | tr _ -)
+        python3 -c "import importlib.metadata as m; m.version('$name')" >/dev/null 2>&1 || echo "$w"
+    done > /tmp/missing_wheels
+    if [ -s /tmp/missing_wheels ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $(cat /tmp/missing_wheels)
+    fi
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)" | tee -a "$OUT/machine.txt"
+for what in "$@"; do
+    case "$what" in
+        tests)
+            timeout 300 python3 -m pytest tests/test_kernels_*.py -q -o addopts="" -m gpu -p no:cacheprovider \
+                2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+        bench)
+            timeout 420 python3 benchmarks/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+        fla)
+            timeout 240 python3 -m kernels.harness tests.fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla \
+                --precision bfloat16 --model bfloat16/storage --examples 10 2>&1 | tee "$OUT/fla_harness.log" | tail -20 ;;
+        *) echo "unknown step $what" ;;
+    esac
+done
