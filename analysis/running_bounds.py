@@ -394,6 +394,8 @@ def running_check(split: ErrorSplit, H, q, *, L, mu, omegas=None, local: Optiona
     """Hold the run in ``split`` (its ``H``, ``q`` as stored) to its running bound at every iterate.
 
     local: precomputed :func:`local_bounds` (e.g. built on a deliberately wrong recurrence).
+    The run must store, and report, the iterates its recurrence runs on (a kernel that keeps
+    fp32 iterates for bf16 data is a float32 run on bf16-valued inputs: split it with ``H.float()``).
     """
     arith = by_label(split.precision)
     used = working_constants(split.method, L, mu, arith)

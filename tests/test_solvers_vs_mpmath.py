@@ -7,7 +7,9 @@ exact solution) and the rounding (working iterates vs the mp replay) of every it
 * truncation <= the method's bound for the constants used (Chebyshev 1/T_{i+1}(1/rho'),
   GD max|1 - step lam|^i, AGD Nesterov, CG 2 R_a^i in the H-norm);
 * rounding <= c kappa (n u_acc + u_store) wherever that allowance is < 1 (docs/precision.md);
-  CG: forward error <= sqrt(kappa) 2 R_a^i + allowance.
+  CG: forward error <= sqrt(kappa) 2 R_a^i + allowance. Where it is >= 1 (bf16 at kappa >~ 32),
+  Chebyshev / GD / AGD rounding is held to the run's own running bound instead, in
+  tests/test_running_bounds.py (not repeated here).
 
 Every property has a broken implementation that it catches (bottom of the file).
 """
