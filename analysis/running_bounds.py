@@ -18,9 +18,10 @@ run computed. docs/precision.md, "Running error bounds (bf16)", has the derivati
    ``|delta_i|`` is bounded componentwise by following the solver's own expression, operation
    by operation, through the standard model ``fl(a op b) = (a op b)(1 + d)``, ``|d| <= u``
    (:class:`_Bounded`): a dot product of length n adds ``gamma_n(u_acc) |H| |x|`` (Higham
-   eq. (3.11), any summation order; strict bf16's sequential sums included), every elementwise
-   operation ``u_acc`` times its result, and a bf16 store (storage mode only) ``u_store`` times
-   the stored value. The weights omega_hat_i the run used are compared with the exact
+   eq. (3.11), any summation order; strict bf16's left-to-right sums column by column, eq.
+   (3.4)), every elementwise operation ``u_acc`` times its result (strict: plus the fp32 double
+   rounding, :func:`op_roundoff`), and a bf16 store (storage mode only) ``u_store`` times the
+   stored value. The weights omega_hat_i the run used are compared with the exact
    omega_i (computed in mpmath): their difference enters as a known perturbation.
 3. **Propagation.** ``d_i = x_hat_i - x_mp_i`` obeys ``d_i = a_i(H) d_{i-1} + b_i(H) d_{i-2} +
    delta_i`` exactly (the recurrence is linear), so ``d_i = sum_{j<=i} P_{i,j}(H) delta_j`` with
@@ -34,8 +35,8 @@ run computed. docs/precision.md, "Running error bounds (bf16)", has the derivati
 Order of the bound: no O(u^2) term is dropped -- the local bounds keep every product of two
 errors (``err_a err_b``, ``u err``) and ``gamma_n = n u / (1 - n u)`` is Higham's exact form,
 and the propagation is an identity. What is approximate is only the float64 evaluation of the
-bound itself (magnitudes, eigenvalues, the responses): relative ``O(r D u_64)``, far below
-``SAFETY - 1 = 2^-20``. It is therefore rigorous for the model above (round to nearest, no
+bound itself (magnitudes, eigenvalues, the responses): relative ``O(r^2 D u_64)`` at most, far
+below ``SAFETY - 1 = 2^-20``. It is therefore rigorous for the model above (round to nearest, no
 underflow or overflow), not merely first order.
 
 Tensors: iterates ``(iters + 1, *batch, D)``; bounds ``(iters + 1, *batch)``. :func:`running_bound`
@@ -60,7 +61,9 @@ from .precision import by_label
 
 METHODS = ("chebyshev", "gd", "agd")
 
-# Covers the float64 evaluation of the bound (relative O(r D 2^-52) < 1e-9 for r D < 1e6).
+# Covers the float64 evaluation of the bound: relative O(r D u_64) for its arithmetic and
+# O(r^2 D u_64) for float64 eigenvalues (Markov's inequality bounds tau'): < 2e-8 for r <= 1000,
+# D <= 128.
 SAFETY = 1.0 + 2.0**-20
 
 _F64 = torch.float64
