@@ -71,7 +71,9 @@ def excess(case, dtype, precision, *, reference="chunkwise", kernel=None, out_dt
     bound_o = Bk + Br + u_out * o64.norm(dim=-1)
     bound_S = BSk + BSr + u_out * S64.flatten(-2).norm(dim=-1)
     ratios = torch.cat([(err_o / bound_o).flatten(), (err_S / bound_S).flatten()])
-    ratios = torch.where(torch.isnan(ratios), torch.full_like(ratios, math.inf), ratios)
+    errors = torch.cat([err_o.flatten(), err_S.flatten()])
+    ratios = torch.where(errors == 0, torch.zeros_like(ratios), ratios)  # exact, even where the bound is 0
+    ratios = torch.where(torch.isnan(ratios), torch.full_like(ratios, math.inf), ratios)  # NaN output
     return float(ratios.max()) if ratios.numel() else 0.0
 
 
