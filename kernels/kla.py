@@ -321,8 +321,8 @@ def recurrence_kernel(
         S = tl.load(p_h0 + p_state, mask=m_state, other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
+    t0 = tl.zeros([], dtype=tl.int64)  # first token of the chunk (int64: T H d may exceed 2^31)
     for i_t in range(NT):
-        t0 = i_t.to(tl.int64) * C
         t = t0 + o_c
         m_t = t < T
         K = rows(p_k, base_k, t0, T, H * DK, DK, BK, C)
@@ -332,10 +332,10 @@ def recurrence_kernel(
         base_a = (i_nh * NT + i_t) * C * C
         A = tl.load(p_A + base_a + o_c[:, None] * C + o_c[None, :])
         P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
-        t_last = i_t * C + C - 1  # padded rows of g hold the last token's value
+        t_last = t0 + C - 1  # padded rows of g hold the last token's value
         S_op = operand(S, PREC)
         if PER_CHANNEL:
-            g = tl.load(p_g + base_g + t[:, None] * (H * DK) + o_k[None, :], mask=m_k[None, :], other=0.0)
+            g = tl.load(p_g + (base_g + t0 * (H * DK)) + (o_c[:, None] * (H * DK) + o_k[None, :]), mask=m_k[None, :], other=0.0)
             g_last = tl.load(p_g + base_g + t_last * (H * DK) + o_k, mask=m_k, other=0.0)
             Gam = tl.exp(g)
             KS = mm(K.to(tl.float32) * Gam, S_op, PREC)  # D_gamma K S_0, elementwise decay
@@ -353,7 +353,7 @@ def recurrence_kernel(
             Qf = Q.to(tl.float32)
             qn = tl.sqrt(tl.sum(Qf * Qf, axis=1))
             O = O / tl.where(m_t, qn, 1.0)[:, None]
-        p_out = p_o + base_v + t[:, None] * (H * DV) + o_v[None, :]
+        p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
         tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
         if PER_CHANNEL:
             Rr = tl.where(m_t[:, None], tl.exp(g_last[None, :] - g), 0.0)
@@ -361,6 +361,7 @@ def recurrence_kernel(
         else:
             r = tl.where(m_t, tl.exp(g_last - g), 0.0)
             S = tl.exp(g_last) * S + mm(tl.trans(K), U * r[:, None], PREC)
+        t0 += C
     if STORE_FINAL:
         tl.store(p_ht + p_state, stored(S, p_ht.dtype.element_ty), mask=m_state)
 
