@@ -37,6 +37,8 @@ is lost). The outcome is never silent:
 
 This differs from ``torch.linalg.cholesky`` in: the jittered retry; bfloat16 and strict bf16;
 a status instead of an exception when ``return_info=True``; ``n = 0`` and empty batches work.
+Like it, autograd runs through the factor and the substitutions (they are built out of place).
+:func:`cholesky_solve` is the factor-and-solve of GKA's exact layer, on validated inputs.
 """
 
 from __future__ import annotations
@@ -97,17 +99,19 @@ def worst_status(system_status: torch.Tensor) -> Status:
 
 
 def _factor(ar: Arith, G: torch.Tensor, jitter: float):
-    """One attempt: the factor of ``G + jitter I`` and, per system, the first failed column."""
+    """One attempt: the factor of ``G + jitter I`` and, per system, the first failed column.
+
+    The factor is built out of place, one column appended at a time (never written into), so
+    that autograd can run through the factorisation (``solvers.gka``'s exact solve needs it)."""
     n = G.shape[-1]
     batch = G.shape[:-2]
-    L = torch.zeros_like(G, dtype=ar.dtype)
+    L = G.new_zeros(*batch, n, 0, dtype=ar.dtype)  # columns 0..j-1 of the factor
     failed = torch.full(batch, -1, dtype=torch.long, device=G.device)
     for j in range(n):
         col = ar.up(G[..., j:, j])
         if jitter:
-            col = col.clone()
-            col[..., 0] = col[..., 0] + ar.scalar(jitter)
-        s = col - ar.matvec(L[..., j:, :j], L[..., j, :j])
+            col = torch.cat([col[..., :1] + ar.scalar(jitter), col[..., 1:]], dim=-1)
+        s = col - ar.matvec(L[..., j:, :], L[..., j, :])
         pivot = s[..., 0]
         bad = ~((pivot > 0) & torch.isfinite(pivot))  # NaN compares False; Inf is an overflow
         failed = torch.where(bad & (failed < 0), torch.full_like(failed, j), failed)
@@ -115,9 +119,10 @@ def _factor(ar: Arith, G: torch.Tensor, jitter: float):
         # its factor is discarded (retried with jitter or marked BREAKDOWN).
         pivot = torch.where(bad, torch.ones_like(pivot), pivot)
         l_jj = ar.store(torch.sqrt(pivot))
-        L[..., j, j] = l_jj
         # Dividing by the stored diagonal keeps l_ij l_jj = s_i for the values later solves use.
-        L[..., j + 1 :, j] = ar.store(s[..., 1:] / ar.up(l_jj).unsqueeze(-1))
+        below = ar.store(s[..., 1:] / ar.up(l_jj).unsqueeze(-1))
+        column = torch.cat([G.new_zeros(*batch, j, dtype=ar.dtype), l_jj.unsqueeze(-1), below], dim=-1)
+        L = torch.cat([L, column.unsqueeze(-1)], dim=-1)
     return L, failed
 
 
@@ -223,12 +228,7 @@ def solve_lower(L, b, *, bf16_mode: str = "storage"):
     is a ``ValueError`` (L singular).
     """
     L, b, ar = _triangular("L", L, b, bf16_mode=bf16_mode)
-    n = L.shape[-1]
-    x = torch.zeros_like(b)
-    for i in range(n):
-        s = ar.up(b[..., i]) - ar.dot(L[..., i, :i], x[..., :i])
-        x[..., i] = ar.store(s / ar.up(L[..., i, i]))
-    return x
+    return _forward_substitution(ar, L, b)
 
 
 def solve_upper(U, b, *, bf16_mode: str = "storage"):
@@ -238,9 +238,36 @@ def solve_upper(U, b, *, bf16_mode: str = "storage"):
     read (pass ``L.mT`` to solve with ``L^T``). Backward error as for forward substitution.
     """
     U, b, ar = _triangular("U", U, b, bf16_mode=bf16_mode)
-    n = U.shape[-1]
-    x = torch.zeros_like(b)
-    for i in reversed(range(n)):
-        s = ar.up(b[..., i]) - ar.dot(U[..., i, i + 1 :], x[..., i + 1 :])
-        x[..., i] = ar.store(s / ar.up(U[..., i, i]))
+    return _back_substitution(ar, U, b)
+
+
+def _forward_substitution(ar: Arith, L: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    x = b.new_zeros(*b.shape[:-1], 0)  # x_1..x_{i-1}, appended to (not written into): autograd runs through
+    for i in range(L.shape[-1]):
+        s = ar.up(b[..., i]) - ar.dot(L[..., i, :i], x)
+        x = torch.cat([x, ar.store(s / ar.up(L[..., i, i])).unsqueeze(-1)], dim=-1)
     return x
+
+
+def _back_substitution(ar: Arith, U: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    x = b.new_zeros(*b.shape[:-1], 0)  # x_{i+1}..x_n, prepended to (not written into)
+    for i in reversed(range(U.shape[-1])):
+        s = ar.up(b[..., i]) - ar.dot(U[..., i, i + 1 :], x)
+        x = torch.cat([ar.store(s / ar.up(U[..., i, i])).unsqueeze(-1), x], dim=-1)
+    return x
+
+
+def cholesky_solve(ar: Arith, A: torch.Tensor, b: torch.Tensor):
+    """Solve SPD ``A x = b`` in ``ar``'s arithmetic: :func:`cholesky` without the jittered retry,
+    then forward and back substitution (GKA's exact solve, ``solvers.gka``).
+
+    For callers that validated ``A (..., n, n)`` and ``b (..., n)`` (same batch shape)
+    themselves: nothing is checked here, and a non-finite intermediate runs on as in a kernel.
+    Every entry of L, of the intermediate z and of x is a stored value; autograd runs through.
+    Returns ``(x, broke)``: ``broke`` marks systems with a pivot that is not positive (or not
+    finite), whose x is NaN.
+    """
+    L, failed = _factor(ar, A, 0.0)
+    broke = failed >= 0
+    x = _back_substitution(ar, L.mT, _forward_substitution(ar, L, b))
+    return torch.where(broke.unsqueeze(-1), torch.full_like(x, float("nan")), x), broke

@@ -33,6 +33,7 @@ from ._arith import Arith
 from ._info import Status, residual_norm64
 from .cg import cg
 from .chebyshev import chebyshev
+from .cholesky import cholesky_solve
 from .ridge import _ridge_strength
 
 SOLVERS = ("exact", "chebyshev", "cg")
@@ -129,45 +130,6 @@ def rank1_update(ar: Arith, S: torch.Tensor, gamma, left: torch.Tensor, right: t
     if gamma is not None:
         prev = gamma[..., None, None] * prev
     return ar.store(prev + left.unsqueeze(-1) * right.unsqueeze(-2))
-
-
-def cholesky_solve(ar: Arith, A: torch.Tensor, b: torch.Tensor):
-    """Solve SPD ``A x = b`` by Cholesky in ``ar``'s arithmetic (the layer's exact solve).
-
-    Column-oriented: column j of L is ``(A[:, j] - L[:, :j] L[j, :j]) / L_jj``, then forward
-    and back substitution; every entry of L, of the intermediate z and of x is a stored value,
-    dot products use ``ar.matvec``/``ar.dot`` (sequential bf16 sums in strict mode).
-    Returns ``(x, broke)``: ``broke`` marks systems with a pivot <= 0, whose x is NaN.
-    """
-    D = A.shape[-1]
-    Ac = ar.up(A)
-    rows = torch.arange(D, device=A.device)
-    cols, broke = [], torch.zeros(A.shape[:-2], dtype=torch.bool, device=A.device)
-    for j in range(D):
-        r = Ac[..., :, j]
-        if j:
-            Lm = torch.stack(cols, dim=-1)
-            r = r - ar.matvec(Lm, Lm[..., j, :])
-        pivot = r[..., j]
-        broke = broke | ~(pivot > 0)
-        ljj = ar.store(torch.sqrt(torch.where(pivot > 0, pivot, torch.ones_like(pivot))))
-        col = ar.store(r / ar.up(ljj).unsqueeze(-1))
-        col = torch.where(rows > j, col, torch.zeros_like(col))
-        cols.append(torch.where(rows == j, ljj.unsqueeze(-1), col))
-    L = torch.stack(cols, dim=-1)
-    bc = ar.up(b)
-    z = []
-    for i in range(D):
-        s = bc[..., i] - ar.dot(L[..., i, :i], torch.stack(z, -1)) if i else bc[..., i]
-        z.append(ar.store(s / ar.up(L[..., i, i])))
-    x = [None] * D
-    for i in reversed(range(D)):
-        s = ar.up(z[i])
-        if i < D - 1:
-            s = s - ar.dot(L[..., i + 1 :, i], torch.stack(x[i + 1 :], -1))
-        x[i] = ar.store(s / ar.up(L[..., i, i]))
-    x = torch.stack(x, dim=-1)
-    return torch.where(broke.unsqueeze(-1), torch.full_like(x, float("nan")), x), broke
 
 
 @dataclass

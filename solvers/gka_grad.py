@@ -34,7 +34,8 @@ import torch
 
 from . import _validate as check
 from ._arith import Arith
-from .gka import cholesky_solve, gka_layer, run_layer, validate_inputs
+from .cholesky import cholesky_solve
+from .gka import gka_layer, run_layer, validate_inputs
 from .gka_chunk import chunk_frobenius_terms, chunk_intra_Bk, decay_mask
 
 F64 = torch.float64

@@ -158,6 +158,40 @@ def test_broken_substitution_with_transposed_factor_fails_the_bound():
     assert substitution_backward_error(L, wrong, b, lower=True) > 1e6 * substitution_bound(6, PRECISIONS[0])
 
 
+# ------------------------------------------------------------------ autograd (GKA's exact layer runs through it)
+
+
+def _sym(A):
+    return 0.5 * (A + A.mT)
+
+
+def test_autograd_through_factor_and_substitutions_float64():
+    """torch.autograd.gradcheck: the out-of-place factor and solves give gradients that match
+    central finite differences (its default tolerances, float64), a jittered system included."""
+    G = _spd(5, 50.0, 1, batch=(2,)).clone()
+    G[1] -= 100.0 * torch.eye(5, dtype=torch.float64)  # indefinite: the retry with jitter 200 I
+    G = G.requires_grad_(True)
+    b = torch.randn(2, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+
+    def solve(A, b):
+        L = cholesky(_sym(A), jitter=200.0, return_info=True)[0]
+        return solve_upper(L.mT, solve_lower(L, b))
+
+    assert torch.autograd.gradcheck(lambda A: cholesky(_sym(A), jitter=200.0, return_info=True)[0], (G,))
+    assert torch.autograd.gradcheck(solve, (G, b))
+
+
+def test_broken_gradient_with_detached_pivots_fails_gradcheck():
+    G = _spd(4, 10.0, 2).requires_grad_(True)
+
+    def detached_diagonal(A):
+        L = cholesky(_sym(A))
+        d = torch.diagonal(L, dim1=-2, dim2=-1)
+        return L - torch.diag_embed(d) + torch.diag_embed(d.detach())
+
+    assert not torch.autograd.gradcheck(detached_diagonal, (G,), raise_exception=False)
+
+
 # ------------------------------------------------------------------ jitter and breakdown
 
 
