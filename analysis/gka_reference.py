@@ -66,12 +66,7 @@ def _replay(solver: str, A, q, L, mu, iters: int):
     ``analysis.ground_truth``, fed the exact L and mu of this token rather than float64 ones)."""
     rows = [[A[i, j] for j in range(A.cols)] for i in range(A.rows)]
     qs = [q[i] for i in range(q.rows)]
-    if solver == "chebyshev":
-        consts = {"step": 2 / (L + mu), "rho2": ((L - mu) / (L + mu)) ** 2}
-        x = gt._replay_chebyshev(rows, qs, iters, consts)[-1]
-    else:
-        x = gt._replay_cg(rows, qs, iters, {})[-1]
-    return mpmath.matrix(x)
+    return mpmath.matrix(gt.mp_iterates(solver, rows, qs, iters, gt.exact_constants(solver, L, mu))[-1])
 
 
 def ridge_kappa(a: float) -> mpmath.mpf:

@@ -170,8 +170,10 @@ def working_constants(method: str, L, mu, arith: Arith) -> dict:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
 
 
-def _exact_constants(method: str, L: float, mu: float) -> dict:
-    """The same constants computed in mpmath from float64 L and mu (the paper's algorithm)."""
+def exact_constants(method: str, L, mu) -> dict:
+    """The constants of ``method`` (as :func:`working_constants` names them) computed in mpmath,
+    at the caller's precision, from L and mu (floats, converted exactly, or mpf): the paper's
+    algorithm."""
     L, mu = mpmath.mpf(L), mpmath.mpf(mu)
     if method == "cg":
         return {}
@@ -260,6 +262,20 @@ def _replay_agd(H, q, iters, c):
 
 
 _REPLAYS = {"chebyshev": _replay_chebyshev, "cg": _replay_cg, "gd": _replay_gd, "agd": _replay_agd}
+
+
+def mp_iterates(method: str, H, q, iters: int, constants: dict) -> list:
+    """The iterates ``x_0 .. x_iters`` of ``method`` run in mpmath at the caller's precision:
+    the replays behind :func:`replay`, for callers that build their own mp systems
+    (``analysis.gka_reference``).
+
+    H: the matrix as a list of rows of mpf; q: a list of mpf; constants: as returned by
+    :func:`exact_constants` (or :func:`working_constants`, converted to mpf). Each iterate
+    is a list of mpf.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return _REPLAYS[method](H, q, iters, constants)
 
 
 # ------------------------------------------------------------------------------ cache
@@ -440,7 +456,7 @@ def replay(
         per_system = [{k: mpmath.mpf(float(v[s])) for k, v in work.items()} for s in range(n)]
     else:
         with amp.precision(dps):
-            per_system = [_exact_constants(method, float(Lb[s]), float(mb[s])) for s in range(n)]
+            per_system = [exact_constants(method, float(Lb[s]), float(mb[s])) for s in range(n)]
     parts = []
     for s in range(n):
         c = per_system[s]

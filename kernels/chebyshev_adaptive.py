@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from solvers import _validate as check
-from solvers.ridge import _ridge_strength
 
 from . import _launch as launch
 from ._matvec import load_matrix, load_vector, matvec, store_vector
@@ -66,7 +65,7 @@ def chebyshev_adaptive(
     Other options as ``kernels.chebyshev``.
     """
     iters = check.count("iters", iters)
-    a = _ridge_strength(a)
+    a = check.ridge_strength(a)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch = launch.systems(H, q)

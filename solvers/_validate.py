@@ -70,6 +70,15 @@ def batch_shape(what: str, *shapes) -> torch.Size:
         raise ValueError(f"batch shapes of {what} do not broadcast: {[tuple(s) for s in shapes]}") from None
 
 
+def ridge_strength(a) -> float:
+    """GKA's ridge strength ``a`` (``lambda = a ||H||_F``, eq. (4)): a finite float > 0."""
+    if isinstance(a, bool) or not isinstance(a, (int, float)):
+        raise TypeError(f"a must be a float, got {type(a).__name__}")
+    if not a > 0 or a != a or a == float("inf"):
+        raise ValueError(f"a must be a finite float > 0, got {a}")
+    return float(a)
+
+
 def count(name: str, n, *, minimum: int = 0) -> int:
     """A whole number such as ``iters`` or ``sweeps``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):

@@ -34,7 +34,6 @@ from ._info import Status, residual_norm64
 from .cg import cg
 from .chebyshev import chebyshev
 from .cholesky import cholesky_solve
-from .ridge import _ridge_strength
 
 SOLVERS = ("exact", "chebyshev", "cg")
 
@@ -107,7 +106,7 @@ def validate_keys(name: str, k) -> torch.Tensor:
 def validate_inputs(q, k, v, g, beta, a) -> _Inputs:
     """Check and broadcast the layer's inputs (shared by the layer and its gradients).
     Raises TypeError/ValueError naming the argument."""
-    a = _ridge_strength(a)
+    a = check.ridge_strength(a)
     q = validate_keys("q", q)
     k = validate_keys("k", k)
     v = check.tensor("v", v, min_ndim=2)

@@ -33,14 +33,6 @@ class RidgeSystem:
         return (self.a + 1.0) / self.a
 
 
-def _ridge_strength(a) -> float:
-    if isinstance(a, bool) or not isinstance(a, (int, float)):
-        raise TypeError(f"a must be a float, got {type(a).__name__}")
-    if not a > 0 or a != a or a == float("inf"):
-        raise ValueError(f"a must be a finite float > 0, got {a}")
-    return float(a)
-
-
 def gka_ridge(H, a: float) -> RidgeSystem:
     """``H + a ||H||_F I`` and ``L = ||H||_F (1 + a)``, ``mu = a ||H||_F`` (GKA eq. (4)).
 
@@ -48,7 +40,7 @@ def gka_ridge(H, a: float) -> RidgeSystem:
     lambda = 0 and the system singular).
     """
     H = check.square_matrix("H", H)
-    a = _ridge_strength(a)
+    a = check.ridge_strength(a)
     H64 = H.to(torch.float64)
     fro = torch.linalg.matrix_norm(H64, ord="fro")
     if fro.numel() and not bool((fro > 0).all()):
@@ -97,7 +89,7 @@ def fig1a_problems(
     """
     for name, n in (("B", B), ("T", T), ("heads", heads), ("D", D)):
         check.count(name, n, minimum=1)
-    a = _ridge_strength(a)
+    a = check.ridge_strength(a)
     g = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(B, T, heads, D, generator=g, dtype=torch.float64)
     q = torch.randn(B, T, heads, D, generator=g, dtype=torch.float64)
