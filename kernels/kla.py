@@ -108,14 +108,15 @@ def mm_ieee(a, b):
 
 
 @triton.jit
-def rows(p, base, t0, T, stride, D: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr):
-    """Rows t0 .. t0 + BC - 1 of a (T, stride)-strided tensor at ``base`` (int64): a [BC, BD]
-    tile, zero beyond T and D. Offsets within the tile are int32 (BC * stride < 2^31)."""
+def rows(p, base, t0, T, stride, c0, D: tl.constexpr, BD: tl.constexpr, BC: tl.constexpr):
+    """Rows t0 .. t0 + BC - 1, columns c0 .. c0 + BD - 1 of a (T, stride)-strided tensor at
+    ``base`` (int64): a [BC, BD] tile, zero beyond T and D. Offsets within the tile are int32
+    (BC * stride < 2^31)."""
     o_r = tl.arange(0, BC)
-    o_d = tl.arange(0, BD)
+    o_d = c0 + tl.arange(0, BD)
     ptr = p + (base + t0 * stride) + (o_r[:, None] * stride + o_d[None, :])
     m_t = (t0 + o_r) < T
-    if D == BD:  # no column mask: lets the compiler use wide loads
+    if D % BD == 0:  # no column mask: lets the compiler use wide loads
         x = tl.load(ptr, mask=m_t[:, None], other=0.0)
     else:
         x = tl.load(ptr, mask=m_t[:, None] & (o_d < D)[None, :], other=0.0)
@@ -123,47 +124,36 @@ def rows(p, base, t0, T, stride, D: tl.constexpr, BD: tl.constexpr, BC: tl.const
 
 
 @triton.jit
-def sub_rows(p_k, p_g, p_eta, base_k, base_g, base_e, t0, b: tl.constexpr, T, H, eps,
-             DK: tl.constexpr, BK: tl.constexpr, KACZMARZ: tl.constexpr, PER_CHANNEL: tl.constexpr):
-    """Sub-block b (16 tokens from t0 + 16 b) of a chunk: keys, beta, log decays, validity."""
-    t = t0 + tl.arange(0, SUB).to(tl.int64) + b * SUB
-    m_t = t < T
-    K = rows(p_k, base_k, t0 + b * SUB, T, H * DK, DK, BK, SUB)
-    Kf = K.to(tl.float32)
-    eta = tl.load(p_eta + base_e + t * H, mask=m_t, other=0.0)
-    if KACZMARZ:
-        den = tl.sum(Kf * Kf, axis=1) + eps
-        beta = tl.where(den > 0, eta / tl.where(den > 0, den, 1.0), 0.0)  # zero key, eps = 0: no write
+def decay_mask(G, gi, gj, m_i, m_j, STRICT: tl.constexpr):
+    """``exp(g_i - g_j) G_ij`` where j < i (STRICT) or every valid (i, j), else 0; the masked
+    differences (positive, may overflow) are never exponentiated."""
+    o = tl.arange(0, G.shape[0])
+    if STRICT:
+        m = (o[:, None] > o[None, :]) & m_i[:, None] & m_j[None, :]
     else:
-        beta = eta
-    if PER_CHANNEL:
-        g = tl.zeros([SUB], dtype=tl.float32)  # per-channel decays are read column by column
-    else:
-        g = tl.load(p_g + base_g + t * H)  # padded rows hold g of the last token (log 1 = 0 added)
-    return K, beta, g, m_t
+        m = m_i[:, None] & m_j[None, :]
+    return tl.where(m, tl.exp(tl.where(m, gi[:, None] - gj[None, :], 0.0)) * G, 0.0)
 
 
 @triton.jit
-def decayed_gram(Ki, Kj, gi, gj, m_i, m_j, p_k, p_g, base_k, base_g, t_i, t_j, H,
-                 DK: tl.constexpr, PER_CHANNEL: tl.constexpr, STRICT: tl.constexpr, PREC: tl.constexpr):
-    """``M_ij = sum_c k_ic k_jc exp(g_ic - g_jc)`` for the rows t_i x t_j of a chunk, masked to
-    j < i (STRICT) or j <= i where the blocks overlap (pass STRICT on diagonal blocks only)."""
-    o_i = tl.arange(0, SUB)
+def channel_gram(p_x, p_y, p_g, base_k, base_g, t_i, t_j, m_i, m_j, H, DK: tl.constexpr, LOWER: tl.constexpr,
+                 STRICT: tl.constexpr):
+    """Per-channel decay (App. B.5): ``sum_c x_ic y_jc exp(g_ic - g_jc)``, channel by channel in
+    float32, masked to j < i (STRICT), j <= i (LOWER) or every valid pair."""
+    o_i = tl.arange(0, t_i.shape[0])
+    o_j = tl.arange(0, t_j.shape[0])
+    m = m_i[:, None] & m_j[None, :]
     if STRICT:
-        m = (o_i[:, None] > o_i[None, :]) & m_i[:, None] & m_j[None, :]
-    else:
-        m = m_i[:, None] & m_j[None, :]
-    if PER_CHANNEL:
-        M = tl.zeros([SUB, SUB], dtype=tl.float32)
-        for c in range(DK):
-            ki = tl.load(p_k + base_k + t_i * (H * DK) + c, mask=m_i, other=0.0).to(tl.float32)
-            kj = tl.load(p_k + base_k + t_j * (H * DK) + c, mask=m_j, other=0.0).to(tl.float32)
-            gi_c = tl.load(p_g + base_g + t_i * (H * DK) + c)
-            gj_c = tl.load(p_g + base_g + t_j * (H * DK) + c)
-            M += tl.where(m, ki[:, None] * kj[None, :] * tl.exp(tl.where(m, gi_c[:, None] - gj_c[None, :], 0.0)), 0.0)
-    else:
-        M = mm(Ki, tl.trans(Kj), PREC)
-        M = tl.where(m, tl.exp(tl.where(m, gi[:, None] - gj[None, :], 0.0)) * M, 0.0)
+        m = m & (o_i[:, None] > o_j[None, :])
+    if LOWER:
+        m = m & (o_i[:, None] >= o_j[None, :])
+    M = tl.zeros([t_i.shape[0], t_j.shape[0]], dtype=tl.float32)
+    for c in range(DK):
+        x = tl.load(p_x + base_k + t_i * (H * DK) + c, mask=m_i, other=0.0).to(tl.float32)
+        y = tl.load(p_y + base_k + t_j * (H * DK) + c, mask=m_j, other=0.0).to(tl.float32)
+        gi = tl.load(p_g + base_g + t_i * (H * DK) + c)
+        gj = tl.load(p_g + base_g + t_j * (H * DK) + c)
+        M += tl.where(m, x[:, None] * y[None, :] * tl.exp(tl.where(m, gi[:, None] - gj[None, :], 0.0)), 0.0)
     return M
 
 
@@ -182,27 +172,34 @@ def invert_unit_lower(N):
 
 
 @triton.jit
-def store_block(p_A, base_a, i: tl.constexpr, j: tl.constexpr, X, beta_j, C: tl.constexpr):
-    """Block (i, j) of X' = X diag(beta) into the chunk's C x C matrix at base_a."""
+def store_block(p_A, base_a, i: tl.constexpr, j: tl.constexpr, X, C: tl.constexpr):
+    """Block (i, j) of the chunk's C x C matrix at base_a."""
     o = tl.arange(0, SUB)
     ptr = p_A + base_a + (o + i * SUB)[:, None] * C + (o + j * SUB)[None, :]
-    tl.store(ptr, stored(X * beta_j[None, :], p_A.dtype.element_ty))
+    tl.store(ptr, stored(X, p_A.dtype.element_ty))
 
 
 @triton.jit
-def store_zero_block(p_A, base_a, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
-    o = tl.arange(0, SUB)
-    ptr = p_A + base_a + (o + i * SUB)[:, None] * C + (o + j * SUB)[None, :]
-    tl.store(ptr, tl.zeros([SUB, SUB], dtype=p_A.dtype.element_ty))
+def sub_block(p, base, t0, b: tl.constexpr, T, stride, c0, D: tl.constexpr, BD: tl.constexpr):
+    return rows(p, base, t0 + b * SUB, T, stride, c0, D, BD, SUB)
+
+
+@triton.jit
+def sq_norms(K):
+    Kf = K.to(tl.float32)
+    return tl.sum(Kf * Kf, axis=1)
 
 
 @triton.jit
 def prepare_kernel(
     p_q, p_k, p_g, p_eta, p_A, p_P, T, Tp, H, NT, eps, start,
-    DK: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
+    DK: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
     KACZMARZ: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One program per (chunk, head): X' = (I + L)^{-1} B and P of the chunk (module docstring)."""
+    """One program per (chunk, head): X' = (I + L)^{-1} B and P of the chunk (module docstring).
+
+    Keys and queries are read in slices of BKS columns, accumulating ||k||^2, the Gram blocks
+    K_b K_c^T of the 16-token sub-blocks b >= c and Q K^T, so only one slice is on chip at a time."""
     pid = tl.program_id(0).to(tl.int64) + start
     i_nh = pid // NT
     i_t = pid % NT
@@ -216,75 +213,156 @@ def prepare_kernel(
     else:
         base_g = i_n * Tp * H + i_h
     base_a = (i_nh * NT + i_t) * C * C
+    HD = H * DK
     o_s = tl.arange(0, SUB).to(tl.int64)
-
-    # sub-block 0 (every chunk size has it)
-    K0, b0, g0, m0 = sub_rows(p_k, p_g, p_eta, base_k, base_g, base_e, t0, 0, T, H, eps, DK, BK, KACZMARZ, PER_CHANNEL)
+    o_c = tl.arange(0, C)
+    t = t0 + o_c.to(tl.int64)
+    m_t = t < T
     t_0 = t0 + o_s
-    X00 = invert_unit_lower(b0[:, None] * decayed_gram(
-        K0, K0, g0, g0, m0, m0, p_k, p_g, base_k, base_g, t_0, t_0, H, DK, PER_CHANNEL, True, PREC))
-    store_block(p_A, base_a, 0, 0, X00, b0, C)
+    t_1 = t_0 + SUB
+    t_2 = t_1 + SUB
+    t_3 = t_2 + SUB
+
+    # squared key norms, Gram blocks (per head) and Q K^T, d_k in slices of BKS
+    z16 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    n0 = tl.zeros([SUB], dtype=tl.float32)
+    n1 = tl.zeros([SUB], dtype=tl.float32)
+    n2 = tl.zeros([SUB], dtype=tl.float32)
+    n3 = tl.zeros([SUB], dtype=tl.float32)
+    G00 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G10 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G11 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G20 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G21 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G22 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G30 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G31 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G32 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    G33 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    P = tl.zeros([C, C], dtype=tl.float32)
+    for c0 in range(0, DK, BKS):
+        K0 = sub_block(p_k, base_k, t0, 0, T, HD, c0, DK, BKS)
+        n0 += sq_norms(K0)
+        if NB > 1:
+            K1 = sub_block(p_k, base_k, t0, 1, T, HD, c0, DK, BKS)
+            n1 += sq_norms(K1)
+        if NB > 2:
+            K2 = sub_block(p_k, base_k, t0, 2, T, HD, c0, DK, BKS)
+            K3 = sub_block(p_k, base_k, t0, 3, T, HD, c0, DK, BKS)
+            n2 += sq_norms(K2)
+            n3 += sq_norms(K3)
+        if not PER_CHANNEL:
+            P += mm(rows(p_q, base_k, t0, T, HD, c0, DK, BKS, C), tl.trans(rows(p_k, base_k, t0, T, HD, c0, DK, BKS, C)), PREC)
+            G00 += mm(K0, tl.trans(K0), PREC)
+            if NB > 1:
+                G10 += mm(K1, tl.trans(K0), PREC)
+                G11 += mm(K1, tl.trans(K1), PREC)
+            if NB > 2:
+                G20 += mm(K2, tl.trans(K0), PREC)
+                G21 += mm(K2, tl.trans(K1), PREC)
+                G22 += mm(K2, tl.trans(K2), PREC)
+                G30 += mm(K3, tl.trans(K0), PREC)
+                G31 += mm(K3, tl.trans(K1), PREC)
+                G32 += mm(K3, tl.trans(K2), PREC)
+                G33 += mm(K3, tl.trans(K3), PREC)
+
+    # P = A . Q K^T over the whole chunk (diagonal included)
+    if PER_CHANNEL:
+        P = channel_gram(p_q, p_k, p_g, base_k, base_g, t, t, m_t, m_t, H, DK, True, False)
+    else:
+        g = tl.load(p_g + base_g + t * H)
+        P = decay_mask(P, g, g, m_t, m_t, False)
+        P = tl.where((o_c[:, None] >= o_c[None, :]), P, 0.0)
+    tl.store(p_P + base_a + o_c[:, None] * C + o_c[None, :], stored(P, p_P.dtype.element_ty))
+
+    # beta (Kaczmarz eq. (3)): a zero key with eps = 0 gets no write
+    m0 = t_0 < T
+    m1 = t_1 < T
+    m2 = t_2 < T
+    m3 = t_3 < T
+    if KACZMARZ:
+        d0 = n0 + eps
+        d1 = n1 + eps
+        d2 = n2 + eps
+        d3 = n3 + eps
+        b0 = tl.where(d0 > 0, tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0) / tl.where(d0 > 0, d0, 1.0), 0.0)
+        b1 = tl.where(d1 > 0, tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0) / tl.where(d1 > 0, d1, 1.0), 0.0)
+        b2 = tl.where(d2 > 0, tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0) / tl.where(d2 > 0, d2, 1.0), 0.0)
+        b3 = tl.where(d3 > 0, tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0) / tl.where(d3 > 0, d3, 1.0), 0.0)
+    else:
+        b0 = tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0)
+        b1 = tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0)
+        b2 = tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0)
+        b3 = tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0)
+
+    # L = B (A^- . K K^T), block (b, c) for b >= c
+    if PER_CHANNEL:
+        L00 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_0, t_0, m0, m0, H, DK, False, True)
+        if NB > 1:
+            L10 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_0, m1, m0, H, DK, False, False)
+            L11 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_1, m1, m1, H, DK, False, True)
+        if NB > 2:
+            L20 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_0, m2, m0, H, DK, False, False)
+            L21 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_1, m2, m1, H, DK, False, False)
+            L22 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_2, m2, m2, H, DK, False, True)
+            L30 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_0, m3, m0, H, DK, False, False)
+            L31 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_1, m3, m1, H, DK, False, False)
+            L32 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_2, m3, m2, H, DK, False, False)
+            L33 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_3, m3, m3, H, DK, False, True)
+    else:
+        g0 = tl.load(p_g + base_g + t_0 * H)  # padded rows hold g of the last token (log 1 = 0 added)
+        L00 = decay_mask(G00, g0, g0, m0, m0, True)
+        if NB > 1:
+            g1 = tl.load(p_g + base_g + t_1 * H)
+            L10 = decay_mask(G10, g1, g0, m1, m0, False)
+            L11 = decay_mask(G11, g1, g1, m1, m1, True)
+        if NB > 2:
+            g2 = tl.load(p_g + base_g + t_2 * H)
+            g3 = tl.load(p_g + base_g + t_3 * H)
+            L20 = decay_mask(G20, g2, g0, m2, m0, False)
+            L21 = decay_mask(G21, g2, g1, m2, m1, False)
+            L22 = decay_mask(G22, g2, g2, m2, m2, True)
+            L30 = decay_mask(G30, g3, g0, m3, m0, False)
+            L31 = decay_mask(G31, g3, g1, m3, m1, False)
+            L32 = decay_mask(G32, g3, g2, m3, m2, False)
+            L33 = decay_mask(G33, g3, g3, m3, m3, True)
+
+    # (I + L)^{-1}: substitution on the diagonal blocks, then block forward substitution on the
+    # columns of I, X_bc = -X_bb sum_{c<=m<b} L_bm X_mc; stored as X' = X diag(beta)
+    X00 = invert_unit_lower(b0[:, None] * L00)
+    store_block(p_A, base_a, 0, 0, X00 * b0[None, :], C)
     if NB > 1:
-        K1, b1, g1, m1 = sub_rows(p_k, p_g, p_eta, base_k, base_g, base_e, t0, 1, T, H, eps, DK, BK, KACZMARZ, PER_CHANNEL)
-        t_1 = t_0 + SUB
-        L10 = b1[:, None] * decayed_gram(K1, K0, g1, g0, m1, m0, p_k, p_g, base_k, base_g, t_1, t_0, H, DK, PER_CHANNEL, False, PREC)
-        X11 = invert_unit_lower(b1[:, None] * decayed_gram(
-            K1, K1, g1, g1, m1, m1, p_k, p_g, base_k, base_g, t_1, t_1, H, DK, PER_CHANNEL, True, PREC))
+        L10 = b1[:, None] * L10
+        X11 = invert_unit_lower(b1[:, None] * L11)
         X10 = -mm_ieee(X11, mm_ieee(L10, X00))
-        store_zero_block(p_A, base_a, 0, 1, C)
-        store_block(p_A, base_a, 1, 0, X10, b0, C)
-        store_block(p_A, base_a, 1, 1, X11, b1, C)
+        store_block(p_A, base_a, 0, 1, z16, C)
+        store_block(p_A, base_a, 1, 0, X10 * b0[None, :], C)
+        store_block(p_A, base_a, 1, 1, X11 * b1[None, :], C)
     if NB > 2:
-        K2, b2, g2, m2 = sub_rows(p_k, p_g, p_eta, base_k, base_g, base_e, t0, 2, T, H, eps, DK, BK, KACZMARZ, PER_CHANNEL)
-        K3, b3, g3, m3 = sub_rows(p_k, p_g, p_eta, base_k, base_g, base_e, t0, 3, T, H, eps, DK, BK, KACZMARZ, PER_CHANNEL)
-        t_2 = t_1 + SUB
-        t_3 = t_2 + SUB
-        L20 = b2[:, None] * decayed_gram(K2, K0, g2, g0, m2, m0, p_k, p_g, base_k, base_g, t_2, t_0, H, DK, PER_CHANNEL, False, PREC)
-        L21 = b2[:, None] * decayed_gram(K2, K1, g2, g1, m2, m1, p_k, p_g, base_k, base_g, t_2, t_1, H, DK, PER_CHANNEL, False, PREC)
-        L30 = b3[:, None] * decayed_gram(K3, K0, g3, g0, m3, m0, p_k, p_g, base_k, base_g, t_3, t_0, H, DK, PER_CHANNEL, False, PREC)
-        L31 = b3[:, None] * decayed_gram(K3, K1, g3, g1, m3, m1, p_k, p_g, base_k, base_g, t_3, t_1, H, DK, PER_CHANNEL, False, PREC)
-        L32 = b3[:, None] * decayed_gram(K3, K2, g3, g2, m3, m2, p_k, p_g, base_k, base_g, t_3, t_2, H, DK, PER_CHANNEL, False, PREC)
-        X22 = invert_unit_lower(b2[:, None] * decayed_gram(
-            K2, K2, g2, g2, m2, m2, p_k, p_g, base_k, base_g, t_2, t_2, H, DK, PER_CHANNEL, True, PREC))
-        X33 = invert_unit_lower(b3[:, None] * decayed_gram(
-            K3, K3, g3, g3, m3, m3, p_k, p_g, base_k, base_g, t_3, t_3, H, DK, PER_CHANNEL, True, PREC))
-        # block forward substitution on the columns of I: X_ij = -X_ii sum_{j<=m<i} L_im X_mj
+        L20 = b2[:, None] * L20
+        L21 = b2[:, None] * L21
+        L30 = b3[:, None] * L30
+        L31 = b3[:, None] * L31
+        L32 = b3[:, None] * L32
+        X22 = invert_unit_lower(b2[:, None] * L22)
+        X33 = invert_unit_lower(b3[:, None] * L33)
         X21 = -mm_ieee(X22, mm_ieee(L21, X11))
         X20 = -mm_ieee(X22, mm_ieee(L20, X00) + mm_ieee(L21, X10))
         X32 = -mm_ieee(X33, mm_ieee(L32, X22))
         X31 = -mm_ieee(X33, mm_ieee(L31, X11) + mm_ieee(L32, X21))
         X30 = -mm_ieee(X33, mm_ieee(L30, X00) + mm_ieee(L31, X10) + mm_ieee(L32, X20))
-        store_block(p_A, base_a, 2, 0, X20, b0, C)
-        store_block(p_A, base_a, 2, 1, X21, b1, C)
-        store_block(p_A, base_a, 2, 2, X22, b2, C)
-        store_block(p_A, base_a, 3, 0, X30, b0, C)
-        store_block(p_A, base_a, 3, 1, X31, b1, C)
-        store_block(p_A, base_a, 3, 2, X32, b2, C)
-        store_block(p_A, base_a, 3, 3, X33, b3, C)
-        store_zero_block(p_A, base_a, 0, 2, C)
-        store_zero_block(p_A, base_a, 0, 3, C)
-        store_zero_block(p_A, base_a, 1, 2, C)
-        store_zero_block(p_A, base_a, 1, 3, C)
-        store_zero_block(p_A, base_a, 2, 3, C)
-
-    # P = A . Q K^T over the whole chunk (diagonal included)
-    o_c = tl.arange(0, C)
-    t = t0 + o_c.to(tl.int64)
-    m_t = t < T
-    m = (o_c[:, None] >= o_c[None, :]) & m_t[:, None] & m_t[None, :]
-    if PER_CHANNEL:
-        P = tl.zeros([C, C], dtype=tl.float32)
-        for c in range(DK):
-            qc = tl.load(p_q + base_k + t * (H * DK) + c, mask=m_t, other=0.0).to(tl.float32)
-            kc = tl.load(p_k + base_k + t * (H * DK) + c, mask=m_t, other=0.0).to(tl.float32)
-            gc = tl.load(p_g + base_g + t * (H * DK) + c)
-            P += tl.where(m, qc[:, None] * kc[None, :] * tl.exp(tl.where(m, gc[:, None] - gc[None, :], 0.0)), 0.0)
-    else:
-        Q = rows(p_q, base_k, t0, T, H * DK, DK, BK, C)
-        K = rows(p_k, base_k, t0, T, H * DK, DK, BK, C)
-        g = tl.load(p_g + base_g + t * H)
-        P = tl.where(m, tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0)) * mm(Q, tl.trans(K), PREC), 0.0)
-    tl.store(p_P + base_a + o_c[:, None] * C + o_c[None, :], stored(P, p_P.dtype.element_ty))
+        store_block(p_A, base_a, 2, 0, X20 * b0[None, :], C)
+        store_block(p_A, base_a, 2, 1, X21 * b1[None, :], C)
+        store_block(p_A, base_a, 2, 2, X22 * b2[None, :], C)
+        store_block(p_A, base_a, 3, 0, X30 * b0[None, :], C)
+        store_block(p_A, base_a, 3, 1, X31 * b1[None, :], C)
+        store_block(p_A, base_a, 3, 2, X32 * b2[None, :], C)
+        store_block(p_A, base_a, 3, 3, X33 * b3[None, :], C)
+        store_block(p_A, base_a, 0, 2, z16, C)
+        store_block(p_A, base_a, 0, 3, z16, C)
+        store_block(p_A, base_a, 1, 2, z16, C)
+        store_block(p_A, base_a, 1, 3, z16, C)
+        store_block(p_A, base_a, 2, 3, z16, C)
 
 
 # ----------------------------------------------------------------------------- recurrence
@@ -325,8 +403,8 @@ def recurrence_kernel(
     for i_t in range(NT):
         t = t0 + o_c
         m_t = t < T
-        K = rows(p_k, base_k, t0, T, H * DK, DK, BK, C)
-        Q = rows(p_q, base_k, t0, T, H * DK, DK, BK, C)
+        K = rows(p_k, base_k, t0, T, H * DK, 0, DK, BK, C)
+        Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
         V = tl.load(p_v + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :]),
                     mask=m_t[:, None] & m_v[None, :], other=0.0)
         base_a = (i_nh * NT + i_t) * C * C
@@ -569,7 +647,7 @@ def kla_chunkwise(
         for s, n in launch.launches(N * H * NT):
             prepare_kernel[(n,)](
                 q2, k2, g, eta2, A, P, T, g.shape[1], H, NT, eps, s,
-                DK=DK, BK=BK, C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
+                DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
                 PREC=PRECISIONS[prec], num_warps=4,
             )
         _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries, prec)
