@@ -24,7 +24,7 @@ import torch
 
 import solvers
 from analysis import mp
-from analysis.precision import PRECISIONS, Arith, rounding_allowance
+from analysis.precision import PRECISIONS, Arith
 
 METHODS = ("autograd", "implicit", "reverse", "reverse_stored_omega")
 KAPPAS = (10.0, 51.0, 1e3)

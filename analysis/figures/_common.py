@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import pathlib
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
@@ -107,6 +108,18 @@ def write_paper_table(out_dir: pathlib.Path, name: str, rows: Sequence[PaperRow]
 
 # ---------------------------------------------------------------------------------------------
 # Data files
+
+
+def write_data(out_dir: pathlib.Path, name: str, rows: Sequence[dict], summary: dict,
+               table: Optional[Sequence[PaperRow]] = None) -> list[pathlib.Path]:
+    """The data files beside a plot: ``<name>.csv`` (``rows``, long format), ``<name>.json``
+    (``summary``, plus the paper table under ``"paper"``) and, with a table, ``<name>_paper.md``
+    and ``<name>_paper.csv``."""
+    if table is None:
+        return [write_csv(out_dir / f"{name}.csv", rows), write_json(out_dir / f"{name}.json", summary)]
+    return [write_csv(out_dir / f"{name}.csv", rows),
+            write_json(out_dir / f"{name}.json", {**summary, "paper": [asdict(r) for r in table]}),
+            *write_paper_table(out_dir, name, table)]
 
 
 def write_csv(path: pathlib.Path, rows: Sequence[dict]) -> pathlib.Path:
@@ -198,6 +211,21 @@ def _source_digest(module_file: str) -> str:
 def cache_key(params: dict, module_file: str) -> str:
     blob = json.dumps(params, sort_keys=True, default=str) + _source_digest(module_file)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def figure_runner(module_name: str):
+    """A figure module's ``run`` (``run = figure_runner(__name__)``): the module's ``params_for``
+    (quick), updated by ``overrides`` (tests pass its TINY), through :func:`produce` with its
+    ``NAME``, ``compute`` and ``render``, looked up when it runs (so a test may replace them)."""
+
+    def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: Optional[dict] = None) -> list:
+        """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
+        module = sys.modules[module_name]
+        params = {**module.params_for(quick), **(overrides or {})}
+        return produce(out_dir, module.NAME, params, module.__file__, module.compute, module.render,
+                       recompute=recompute).files
+
+    return run
 
 
 @dataclass

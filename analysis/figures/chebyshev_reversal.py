@@ -114,17 +114,11 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
                           legend=(i == 0 and j == 0), legend_size=5.5)
             ax.set_ylim(1e-17, 1e4)
     files = C.save_figure(fig, out_dir, NAME, f"Chebyshev backward passes vs the mpmath gradient of the loop (D = {params['D']})")
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", data["cells"]))
-    table = paper_rows(params, data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table],
-                 "amplification": {str(k): {"A_r": [cb.reversal_amplification(k, 1.0, r) for r in its],
-                                            "Gamma_r": [cb.omega_recovery_amplification(k, 1.0, r) for r in its]}
-                                   for k in kappas}}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    amplification = {str(k): {"A_r": [cb.reversal_amplification(k, 1.0, r) for r in its],
+                              "Gamma_r": [cb.omega_recovery_amplification(k, 1.0, r) for r in its]} for k in kappas}
+    files += C.write_data(out_dir, NAME, data["cells"], {"params": params, "amplification": amplification},
+                          paper_rows(params, data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -143,15 +143,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
         row["printed_balanced_scale"] = data["printed_balanced_scale"][i]
         row.update({f"relerr {k}": v[i] for k, v in data["precision"].items()})
         rows.append(row)
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper_numbers": data["paper"],
-                 "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params, "paper_numbers": data["paper"]}, paper_rows(data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -186,15 +186,9 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     rows += [{"panel": "b", "gap": gp, "sigma": s, "norm_power": a, "norm_exact": b, "normK2_power": c}
              for gp, s, a, b, c in zip(n["gap"], n["sigma"], n["norm_power"], n["norm_exact"], n["normK2_power"])]
     rows += [{"panel": "c", "precision": label, **r} for label, rs in data["readout"].items() for r in rs]
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table],
-                 "nonnormality": data["nonnormality"]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params, "nonnormality": data["nonnormality"]},
+                          paper_rows(data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -117,15 +117,9 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
             for i in its:
                 rows.append({"precision": label, "method": m, "iteration": i, "max_residual": ser["max"][i],
                              "median_residual": ser["median"][i], "bound": data["bounds"][m][i]})
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "kappa": data["kappa"],
-                 "n_systems": data["n_systems"], "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params, "kappa": data["kappa"],
+                          "n_systems": data["n_systems"]}, paper_rows(data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

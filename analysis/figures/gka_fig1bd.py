@@ -179,14 +179,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     rows = [{"solver": key.split("|")[0], "mode": key.split("|")[1], "precision": key.split("|")[2],
              "iters": r, "relative_difference": v}
             for key, vals in data["series"].items() for r, v in zip(its, vals)]
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(params, data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params}, paper_rows(params, data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -138,16 +138,9 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
             rows.append({"panel": "b", "precision": label, "iteration": i, "beta_min": d["beta_min"][j],
                          "beta_max": d["beta_max"][j], "m_min": d["m_min"][j - 1] if j else "",
                          "m_max": d["m_max"][j - 1] if j else "", "chebyshev_minus_b": data["chebyshev_minus_b"][j]})
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(params, data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table],
-                 "cg_counts": {k: {"beta_exact_zeros": v["beta_exact_zeros"], "frozen": v["frozen"]}
-                               for k, v in data["cg"].items()}}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    cg_counts = {k: {"beta_exact_zeros": v["beta_exact_zeros"], "frozen": v["frozen"]} for k, v in data["cg"].items()}
+    files += C.write_data(out_dir, NAME, rows, {"params": params, "cg_counts": cg_counts}, paper_rows(params, data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -141,14 +141,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
                              "regularised_max": ser["regularised_max"][i], "true_max": ser["true_max"][i],
                              "true_median": ser["true_median"][i], "bound": d["bound"][i],
                              "true_floor_max": d["true_floor_max"], "true_floor_median": d["true_floor_median"]})
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params}, paper_rows(data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

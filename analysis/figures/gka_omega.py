@@ -165,15 +165,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
                    "ratio": d["ratio"][i - 1] if i else "", "R": d["R"], "Ra2": d["Ra2"]}
             row.update({f"gap_{lab}": g[i] for lab, g in d["computed"].items()})
             rows.append(row)
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "remark1": data["remark1"],
-                 "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params, "remark1": data["remark1"]}, paper_rows(data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

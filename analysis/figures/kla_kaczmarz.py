@@ -164,14 +164,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
               "state_error": m} for key, errs in data["state_error"].items() for s, m in zip(ks, errs)]
     rows += [{"panel": "d", "precision": lab, "chunk_size": c, "relative_difference": m}
              for lab, vals in data["chunk_agreement"].items() for c, m in zip(params["chunk_sizes"], vals)]
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", rows))
-    table = paper_rows(params, data)
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "paper": [r.__dict__ for r in table]}))
-    files += C.write_paper_table(out_dir, NAME, table)
+    files += C.write_data(out_dir, NAME, rows, {"params": params}, paper_rows(params, data))
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)

@@ -121,12 +121,8 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
                 csv_rows.append({"method": method, "precision": label, "kappa": k, **r})
     files = C.save_figure(fig, out_dir, NAME, f"Error after r = {params['iters']} iterations vs kappa "
                           f"(D = {params['D']}, worst of {len(params['seeds'])} seed(s)); purple: truncation = rounding")
-    files.append(C.write_csv(out_dir / f"{NAME}.csv", csv_rows))
-    files.append(C.write_json(out_dir / f"{NAME}.json", {"params": params, "crossover_kappa": crossovers}))
+    files += C.write_data(out_dir, NAME, csv_rows, {"params": params, "crossover_kappa": crossovers})
     return files
 
 
-def run(out_dir: pathlib.Path, *, quick: bool, recompute: bool, overrides: dict = None) -> list:
-    """Write the figure and its data into ``out_dir``; ``overrides`` replaces parameters (tests pass TINY)."""
-    params = {**params_for(quick), **(overrides or {})}
-    return C.produce(out_dir, NAME, params, __file__, compute, render, recompute=recompute).files
+run = C.figure_runner(__name__)
