@@ -47,6 +47,16 @@ def _rows(t: torch.Tensor) -> list:
 # ----------------------------------------------------------------------------- Kaczmarz
 
 
+def _flat_systems(A, b, x0):
+    """``(batch, m, n, A, b, x0)`` with the batch broadcast and flattened (x0 None: zeros)."""
+    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
+    m, n = A.shape[-2:]
+    A_f = A.expand(*batch, m, n).reshape(-1, m, n)
+    b_f = b.expand(*batch, m).reshape(-1, m)
+    x_f = torch.zeros(A_f.shape[0], n, dtype=torch.float64) if x0 is None else x0.expand(*batch, n).reshape(-1, n)
+    return batch, m, n, A_f, b_f, x_f
+
+
 def mp_kaczmarz(A, b, *, sweeps: int, rows=None, relaxation: float = 1.0, eps: float = 0.0, x0=None,
                 dps: int = amp.DPS) -> HighPrecision:
     """Kaczmarz iterates after each sweep, ``(sweeps + 1, *batch, n)``, replayed in mpmath.
@@ -54,11 +64,7 @@ def mp_kaczmarz(A, b, *, sweeps: int, rows=None, relaxation: float = 1.0, eps: f
     ``rows``: ``(sweeps, *batch, m)`` row order (``info.rows`` of a random-order run); None
     means cyclic. A row with ``||a_i||^2 + eps = 0`` is skipped (the solver's zero-row rule).
     """
-    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
-    m, n = A.shape[-2:]
-    A_f = A.expand(*batch, m, n).reshape(-1, m, n)
-    b_f = b.expand(*batch, m).reshape(-1, m)
-    x_f = torch.zeros(A_f.shape[0], n, dtype=torch.float64) if x0 is None else x0.expand(*batch, n).reshape(-1, n)
+    batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
     r_f = None if rows is None else rows.reshape(sweeps, -1, m)
     values = [[] for _ in range(sweeps + 1)]
     with amp.precision(dps):
@@ -83,11 +89,7 @@ def kaczmarz_limit(A, b, x0=None, *, dps: int = amp.DPS) -> HighPrecision:
     """``x0 + A^+ (b - A x0)``: the limit of Kaczmarz (omega in (0, 2), eps = 0) on a consistent
     system -- the solution closest to x0. Full rank is assumed: ``A^+ r = (A^T A)^{-1} A^T r`` for
     m >= n, ``A^T (A A^T)^{-1} r`` for m < n, solved by mp Cholesky."""
-    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
-    m, n = A.shape[-2:]
-    A_f = A.expand(*batch, m, n).reshape(-1, m, n)
-    b_f = b.expand(*batch, m).reshape(-1, m)
-    x_f = torch.zeros(A_f.shape[0], n, dtype=torch.float64) if x0 is None else x0.expand(*batch, n).reshape(-1, n)
+    batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
     out = []
     with amp.precision(dps):
         for s in range(A_f.shape[0]):
@@ -107,11 +109,7 @@ def mp_sweep_closed_form(A, b, x0=None, *, relaxation: float = 1.0, eps: float =
     identity; ``tril(A A^T)`` for omega = 1, eps = 0), by exact forward substitution in mpmath.
     ``D_eps = diag(||a_i||^2 + eps)``, L the strict lower part of ``A A^T``; rows with
     ``||a_i||^2 + eps = 0`` (skipped by the solver) get y_i = 0."""
-    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
-    m, n = A.shape[-2:]
-    A_f = A.expand(*batch, m, n).reshape(-1, m, n)
-    b_f = b.expand(*batch, m).reshape(-1, m)
-    x_f = torch.zeros(A_f.shape[0], n, dtype=torch.float64) if x0 is None else x0.expand(*batch, n).reshape(-1, n)
+    batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
     out = []
     with amp.precision(dps):
         omega, eps_m = mpmath.mpf(relaxation), mpmath.mpf(eps)

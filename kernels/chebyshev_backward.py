@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from solvers import _validate as check
+from solvers._system import sum_to_shape
 
 from . import _launch as launch
 from ._matvec import load_matrix, load_vector, matvec, rmatvec, store_matrix, store_vector
@@ -166,20 +167,11 @@ def _launch_backward(method, H2, q2, g2, step, rho2, Lt, mt, iters, mode, grad_d
     return dq, dH
 
 
-def _reduce(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A per-system gradient summed down to a broadcast input's ``shape``, rounded once."""
-    extra = t.ndim - len(shape)
-    if extra:
-        t = t.sum(dim=tuple(range(extra)))
-    dims = tuple(d for d, (n, m) in enumerate(zip(shape, t.shape)) if n == 1 and m != 1)
-    if dims:
-        t = t.sum(dim=dims, keepdim=True)
-    return t.to(dtype)
-
-
 def _grads(dq2, dH2, batch, q_shape, H_shape, dtype):
+    """Per-system gradients summed down to the broadcast inputs' shapes, rounded once."""
     D = dq2.shape[-1]
-    return (_reduce(dq2.reshape(*batch, D), q_shape, dtype), _reduce(dH2.reshape(*batch, D, D), H_shape, dtype))
+    return (sum_to_shape(dq2.reshape(*batch, D), q_shape).to(dtype),
+            sum_to_shape(dH2.reshape(*batch, D, D), H_shape).to(dtype))
 
 
 def _method(name, m):

@@ -20,6 +20,15 @@ class Status(enum.IntEnum):
     NONFINITE = 5  # an iterate became non-finite (overflow in low precision)
 
 
+def worst_status(system_status: torch.Tensor) -> Status:
+    """The worst per-system status of a batch (COMPLETED for an empty batch).
+
+    ``Status`` is ordered by severity, so this is the maximum code."""
+    if system_status.numel() == 0:
+        return Status.COMPLETED
+    return Status(int(system_status.max()))
+
+
 @dataclass
 class SolveInfo:
     """Per-iteration history of a solve (``return_info=True``).
@@ -42,9 +51,7 @@ class SolveInfo:
 
     @property
     def status(self) -> Status:
-        if self.system_status.numel() == 0:
-            return Status.COMPLETED
-        return Status(int(self.system_status.max()))
+        return worst_status(self.system_status)
 
     def __getattr__(self, name):
         extras = self.__dict__.get("extras", {})

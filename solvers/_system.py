@@ -57,3 +57,15 @@ def prepare(
         mt = check.parameter("mu", mu, batch, H.device)
         check.spectrum_bounds(Lt, mt)
     return System(H=H, q=q, batch=batch, arith=Arith(H.dtype, bf16_mode), L=Lt, mu=mt)
+
+
+def sum_to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """A per-system gradient summed down to the ``shape`` of the input that was broadcast (the
+    adjoint of broadcasting): leading dims summed away, dims of size 1 in ``shape`` kept."""
+    extra = t.ndim - len(shape)
+    if extra:
+        t = t.sum(dim=tuple(range(extra)))
+    dims = tuple(d for d, (n, m) in enumerate(zip(shape, t.shape)) if n == 1 and m != 1)
+    if dims:
+        t = t.sum(dim=dims, keepdim=True)
+    return t

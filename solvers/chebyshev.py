@@ -23,7 +23,7 @@ import torch
 
 from . import _validate as check
 from ._info import Status, build_info, nonfinite_status
-from ._system import prepare
+from ._system import System, prepare
 
 
 def chebyshev_weights(L, mu, iters: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -65,26 +65,37 @@ def chebyshev(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_inf
     """
     iters = check.count("iters", iters)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
-    ar = sys.arith
-    Hs, q_c = sys.H, ar.up(sys.q)
-    step = sys.param(2.0 / (sys.L + sys.mu))
-    rho2 = ar.scalar(((sys.L - sys.mu) / (sys.L + sys.mu)) ** 2)
-
-    omega = torch.full_like(rho2, 2.0)
-    xi_prev = torch.zeros_like(sys.q)
-    xi = ar.store(step * q_c)
-    iterates, omegas = [xi], [omega]
-    for _ in range(iters):
-        omega = 4.0 / (4.0 - rho2 * omega)
-        w = omega.unsqueeze(-1)
-        grad = ar.matvec(Hs, xi) - q_c
-        xi_new = ar.up(xi) - (w * step) * grad + (w - 1.0) * (ar.up(xi) - ar.up(xi_prev))
-        xi_prev, xi = xi, ar.store(xi_new)
+    iterates, omegas = [], []
+    for omega, _, xi in chebyshev_steps(sys, iters):
         if return_info:
             iterates.append(xi)
             omegas.append(omega)
     if not return_info:
         return xi
     status = nonfinite_status(xi, torch.full(sys.batch, int(Status.COMPLETED), device=xi.device))
-    info = build_info(Hs, sys.q, iterates, status, ar.label, {"omegas": torch.stack(omegas, dim=-1)})
+    info = build_info(sys.H, sys.q, iterates, status, sys.arith.label, {"omegas": torch.stack(omegas, dim=-1)})
     return xi, info
+
+
+def chebyshev_steps(sys: System, iters: int):
+    """GKA Algorithm 1 on a prepared system, one step at a time (shared with the reverse
+    methods of ``solvers.chebyshev_backward``, which keep only the last two iterates).
+
+    Yields ``(omega_i, xi_{i-1}, xi_i)`` for i = 0..iters, the iterates as stored and omega_i in
+    the compute dtype (``omega_0 = 2``, ``xi_{-1} = 0``).
+    """
+    ar = sys.arith
+    q_c = ar.up(sys.q)
+    step = sys.param(2.0 / (sys.L + sys.mu))
+    rho2 = ar.scalar(((sys.L - sys.mu) / (sys.L + sys.mu)) ** 2)
+    omega = torch.full_like(rho2, 2.0)
+    xi_prev = torch.zeros_like(sys.q)
+    xi = ar.store(step * q_c)
+    yield omega, xi_prev, xi
+    for _ in range(iters):
+        omega = 4.0 / (4.0 - rho2 * omega)
+        w = omega.unsqueeze(-1)
+        grad = ar.matvec(sys.H, xi) - q_c
+        xi_new = ar.up(xi) - (w * step) * grad + (w - 1.0) * (ar.up(xi) - ar.up(xi_prev))
+        xi_prev, xi = xi, ar.store(xi_new)
+        yield omega, xi_prev, xi

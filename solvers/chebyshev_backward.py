@@ -56,8 +56,8 @@ import torch
 from . import _validate as check
 from ._arith import Arith
 from ._info import Status, build_info, nonfinite_status
-from ._system import System, prepare
-from .chebyshev import chebyshev
+from ._system import System, prepare, sum_to_shape
+from .chebyshev import chebyshev, chebyshev_steps
 
 METHODS = ("autograd", "implicit", "reverse", "reverse_stored_omega")
 
@@ -233,22 +233,10 @@ class _ForwardState:
 
 
 def _forward_state(sys: System, iters: int, *, keep_omegas: bool) -> _ForwardState:
-    """Algorithm 1 keeping only the last two iterates: the same operations, in the same order,
-    as :func:`solvers.chebyshev` (tests assert bitwise equality in every precision)."""
-    ar, Hs = sys.arith, sys.H
-    q_c = ar.up(sys.q)
-    step = sys.param(2.0 / (sys.L + sys.mu))
-    rho2 = ar.scalar(((sys.L - sys.mu) / (sys.L + sys.mu)) ** 2)
-    omega = torch.full_like(rho2, 2.0)
-    xi_prev = torch.zeros_like(sys.q)
-    xi = ar.store(step * q_c)
-    omegas = [omega]
-    for _ in range(iters):
-        omega = 4.0 / (4.0 - rho2 * omega)
-        w = omega.unsqueeze(-1)
-        grad = ar.matvec(Hs, xi) - q_c
-        xi_new = ar.up(xi) - (w * step) * grad + (w - 1.0) * (ar.up(xi) - ar.up(xi_prev))
-        xi_prev, xi = xi, ar.store(xi_new)
+    """Algorithm 1 keeping only the last two iterates: :func:`solvers.chebyshev.chebyshev_steps`,
+    the forward's own steps (tests assert bitwise equality in every precision)."""
+    omegas = []
+    for omega, xi_prev, xi in chebyshev_steps(sys, iters):
         omegas = omegas + [omega] if keep_omegas else [omega]
     if iters >= 2 and bool((omega <= 1.0).any()):
         raise ValueError("the reverse methods need omega_r > 1 in the working precision (eq. (49) divides "
@@ -348,13 +336,7 @@ def _outer(c: torch.Tensor, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _reduce_and_store(ar, t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """Sum a broadcast-batch gradient down to the input's ``shape`` and round it once."""
-    extra = t.ndim - len(shape)
-    if extra:
-        t = t.sum(dim=tuple(range(extra)))
-    dims = tuple(d for d, (n, m) in enumerate(zip(shape, t.shape)) if n == 1 and m != 1)
-    if dims:
-        t = t.sum(dim=dims, keepdim=True)
-    return ar.store(t)
+    return ar.store(sum_to_shape(t, shape))
 
 
 def _cotangent(grad_x, sys: System) -> torch.Tensor:

@@ -50,7 +50,7 @@ import torch
 
 from . import _validate as check
 from ._arith import Arith
-from ._info import Status
+from ._info import Status, worst_status
 
 DEFAULT_JITTER = 1e-4  # Echo section 3.2.3
 
@@ -87,15 +87,6 @@ class CholeskyInfo:
     @property
     def status(self) -> Status:
         return worst_status(self.system_status)
-
-
-def worst_status(system_status: torch.Tensor) -> Status:
-    """The worst per-system status of a batch (COMPLETED for an empty batch).
-
-    ``Status`` is ordered by severity, so this is the maximum code."""
-    if system_status.numel() == 0:
-        return Status.COMPLETED
-    return Status(int(system_status.max()))
 
 
 def _factor(ar: Arith, G: torch.Tensor, jitter: float):

@@ -30,7 +30,7 @@ import torch
 
 from . import _validate as check
 from ._arith import Arith
-from ._info import Status, residual_norm64
+from ._info import Status, nonfinite_status, residual_norm64, worst_status
 from .cg import cg
 from .chebyshev import chebyshev
 from .cholesky import cholesky_solve
@@ -59,9 +59,7 @@ class GKAInfo:
 
     @property
     def status(self) -> Status:
-        if self.system_status.numel() == 0:
-            return Status.COMPLETED
-        return Status(int(self.system_status.max()))
+        return worst_status(self.system_status)
 
 
 @dataclass
@@ -181,7 +179,7 @@ def run_layer(inp: _Inputs, ar: Arith, solver: str, iters: Optional[int], keep_s
         else:
             x = cg(A, q[..., t, :], iters=iters, bf16_mode=ar.mode)
         status = torch.full(B, int(Status.COMPLETED), device=q.device)
-        status = torch.where(~torch.isfinite(x).all(-1), torch.full_like(status, Status.NONFINITE), status)
+        status = nonfinite_status(x, status)
         status = torch.where(broke, torch.full_like(status, Status.BREAKDOWN), status)
         ys.append(ar.store(ar.matvec(U, x)))
         xs.append(x)

@@ -40,8 +40,8 @@ import torch
 
 from . import _validate as check
 from ._arith import Arith
-from ._info import Status
-from .cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper, worst_status
+from ._info import Status, worst_status
+from .cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning, cholesky, solve_lower, solve_upper
 
 SCALE_FLOOR = 1e-6  # clamp of the sequence max (section 3.2.1)
 DEFAULT_EPS = 1e-3  # ridge epsilon (eqs. (4)-(6))
