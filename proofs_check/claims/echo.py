@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
-from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
+from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mp_vector_tensor,
                       mpf, worst)
@@ -121,6 +121,11 @@ def _impl_solvers():
     impl["power_ratio_bound"] = attr("analysis.koopman_mp", "power_ratio_bound")
     impl["statistics_bound"] = attr("analysis.koopman_mp", "statistics_bound")
     return impl
+
+
+def _stored_zv(case, ar):
+    """The case's tokens Z and values V, rounded once to the working dtype."""
+    return torch.tensor(case["Z"], dtype=F64).to(ar.dtype), torch.tensor(case["V"], dtype=F64).to(ar.dtype)
 
 
 def echo(**kw) -> Claim:
@@ -265,8 +270,7 @@ def _check_gram_pd(case, impl, prec) -> Measurement:
             s = impl["stats_mp"](case)
             return exact_inequality(mpf(case["eps"]), mpla.eigvalsh(s["Gt"])[0], "lambda_min(G~) >= eps")
     ar = arith(prec)
-    z = torch.tensor(case["Z"], dtype=F64).to(ar.dtype)
-    v = torch.tensor(case["V"], dtype=F64).to(ar.dtype)
+    z, v = _stored_zv(case, ar)
     st_ = impl["koopman_statistics"](z, v, eps=case["eps"], scale=1.0, bf16_mode=ar.mode)
     G = st_.G.to(F64)
     lam = float(torch.linalg.eigvalsh(G)[0])
@@ -282,7 +286,7 @@ register(echo(
     statement="G~ = G + eps I is symmetric positive definite with lambda_min(G~) >= eps, so its Cholesky factor exists.",
     quantity="mp: lambda_min(G~) against eps. Working precisions: solvers.koopman.koopman_statistics' stored G~ "
              "(scale 1) has lambda_min >= eps - theta ||G~|_abs||_F (theta = analysis.koopman_mp.statistics_bound).",
-    strategy=_seq_cases, check=_check_gram_pd, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_seq_cases, check=_check_gram_pd, precisions=ALL_PRECISIONS,
     implementation=_impl_solvers,
 ))
 
@@ -552,7 +556,7 @@ register(echo(
     quantity="mp (exact sigma_max): the norms for K = 1..4. Working precisions: solvers.koopman.spectral_normalize(sigma="
              "'exact') has norm <= gamma (1 + allowance(1, 2)).",
     strategy=lambda: st.tuples(_seq_cases(min_T=2), st.sampled_from((1.0, 1.25, 1.5))), check=_check_d2_d3,
-    precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+    precisions=ALL_PRECISIONS, implementation=_impl_solvers,
 ))
 
 
@@ -607,8 +611,7 @@ def _check_e1(case, impl, prec) -> Measurement:
                       exact_inequality(mpla.eigvalsh(Gb)[-1], T, "lambda_max <= T")]
             return worst(parts)
     ar = arith(prec)
-    z = torch.tensor(case["Z"], dtype=F64).to(ar.dtype)
-    v = torch.tensor(case["V"], dtype=F64).to(ar.dtype)
+    z, v = _stored_zv(case, ar)
     st_ = impl["koopman_statistics"](z, v, eps=0.0, bf16_mode=ar.mode)
     G = st_.G.to(F64)
     theta = impl["statistics_bound"](T + 1, ar, len(case["q"]))
@@ -621,7 +624,7 @@ register(echo(
               "lambda_max <= T.",
     quantity="mp: each inequality. Working precisions: solvers.koopman.koopman_statistics (eps = 0) ||G_bar||_F <= "
              "T (1 + theta), theta the statistics' rounding bound.",
-    strategy=_seq_cases, check=_check_e1, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_seq_cases, check=_check_e1, precisions=ALL_PRECISIONS,
     implementation=_impl_solvers,
 ))
 
@@ -695,7 +698,7 @@ register(
          statement="In a working precision each entry of G~ is within theta |G~|_abs of the exact one, theta ~ (T + 3) u "
                    "(analysis.koopman_mp.statistics_bound): exact only up to rounding that grows with T.",
          quantity="working precisions: normwise relative error against theta.",
-         strategy=_seq_cases, check=_stats_exact("corrected"), precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+         strategy=_seq_cases, check=_stats_exact("corrected"), precisions=WORKING,
          implementation=_impl_solvers, form=CORRECTED, twin="echo.s322.exact_stats.printed"),
 )
 
@@ -742,8 +745,7 @@ def _check_chunk_causal(case, impl, prec) -> Measurement:
                           exact_identity(Cv, pre["Cv"], f"Cv^({ch})")]
             return worst(parts)
     ar = arith(prec)
-    z = torch.tensor(c["Z"], dtype=F64).to(ar.dtype)
-    v = torch.tensor(c["V"], dtype=F64).to(ar.dtype)
+    z, v = _stored_zv(c, ar)
     st_ = impl["chunk_causal_statistics"](z, v, chunk_size=S, eps=c["eps"], scale=1.0, bf16_mode=ar.mode)
     errs = []
     for ch in range(n_chunks):
@@ -766,7 +768,7 @@ register(echo(
               "exactly the prefix-mode statistics of the tokens before it.",
     quantity="mp: eqs. (7)-(10) against the prefix statistics, held to 1e-30. Working precisions: "
              "solvers.koopman.chunk_causal_statistics against koopman_statistics on the prefix, within 2 theta.",
-    strategy=_chunk_case, check=_check_chunk_causal, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_chunk_case, check=_check_chunk_causal, precisions=ALL_PRECISIONS,
     implementation=_impl_solvers,
 ))
 
@@ -1017,8 +1019,7 @@ def _check_i7_i9(case, impl, prec) -> Measurement:
                                         "I.10 (2)"))
             return worst(parts)
     ar = arith(prec)
-    z = torch.tensor(c["Z"], dtype=F64).to(ar.dtype)
-    v = torch.tensor(c["V"], dtype=F64).to(ar.dtype)
+    z, v = _stored_zv(c, ar)
     with mpla.exact():
         s = impl["stats_mp"](c)
         ev = mpla.eigvalsh(s["Gt"])
@@ -1044,7 +1045,7 @@ register(echo(
     quantity="mp: each identity, held to 1e-30. Working precisions: solvers.koopman.ridge_readout against C_v G~^{-1} q, "
              "error / (||C_v|| ||q|| / lambda_min) <= allowance(kappa(G~), r + T) + kappa theta.",
     strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)), check=_check_i7_i9,
-    precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+    precisions=ALL_PRECISIONS, implementation=_impl_solvers,
 ))
 
 

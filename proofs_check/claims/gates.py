@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats
 
 from .. import mpla
-from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
+from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
 from ._common import F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mpf, worst
 
@@ -163,7 +163,7 @@ register(
          statement="|phi'(z)| / (1 - phi(z))^2 = 2a|z| wherever phi > 0 (solvers.gates.stable_gradient_scale).",
          quantity="mp: against 2|z|, held to 1e-30; working precisions: stable_gradient_scale against 2a|z| within the allowance.",
          strategy=lambda: _Z(), check=_scale("corrected", "balanced"),
-         precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+         precisions=ALL_PRECISIONS, implementation=_impl_solvers,
          form=CORRECTED, twin="gates.balanced.scale.printed"),
 )
 
@@ -235,7 +235,7 @@ register(gate(
               "the printed 1 - 1/(z^2 + 1) cancels.",
     quantity="relative error of value and derivative against mp, held to allowance(1, 4).",
     strategy=lambda: bf16_floats(-64.0, 64.0), check=_check_balanced_solver,
-    precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+    precisions=WORKING, implementation=_impl_solvers,
 ))
 
 
@@ -366,7 +366,7 @@ register(
          quantity="working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1, |log phi|)), "
                   "and -inf at 0.",
          strategy=lambda: bf16_floats(-4.0, 4.0), check=_log_domain("corrected"),
-         precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+         precisions=ALL_PRECISIONS, implementation=_impl_solvers,
          form=CORRECTED, twin="gates.log_domain.printed"),
 )
 
@@ -393,7 +393,7 @@ register(gate(
               "of BalancedGate.log_value) to working accuracy.",
     quantity="max error / sum |log phi| (all terms <= 0: no cancellation) against allowance(1, T + 4).",
     strategy=lambda: st.lists(bf16_floats(2.0**-3, 32.0, allow_zero=False), min_size=1, max_size=8), check=_check_log_cumsum,
-    precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers,
+    precisions=WORKING, implementation=_impl_solvers,
 ))
 
 

@@ -18,12 +18,11 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import CORRECTED, FAILS, HOLDS, MP, Claim, Measurement, Uncheckable
+from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, HOLDS, MP, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
 from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, formed, mode_of, mpf,
                       rel64, worst)
 
-FLOATS = ("float64", "float32", "bfloat16/storage", "bfloat16/strict")
 
 # ----------------------------------------------------------------------------- mp formulas
 
@@ -212,7 +211,7 @@ register(gka(
     quantity="mp: the three-term formula against ||H_c||_F^2 from the recurrence. Working precisions: "
              "solvers.gka_chunk.chunkwise_frobenius against the exact norms, relative error <= allowance(kappa=1, n=D+T).",
     strategy=lambda: gka_sequences(max_T=4, max_dim=3, with_H0=True), check=_check_eq5,
-    precisions=(MP,) + FLOATS, implementation=_impl_chunk,
+    precisions=ALL_PRECISIONS, implementation=_impl_chunk,
 ))
 
 
@@ -397,7 +396,7 @@ register(gka(
               "1 - lam p_r(lam) = T_{r+1}((L + mu - 2 lam)/(L - mu)) / T_{r+1}(1/rho).",
     quantity="mp: Algorithm 1 against the closed form in H's eigenbasis, held to 1e-30. Working precisions: solvers.chebyshev "
              "against the mp replay with the same rounded constants, ||xi_hat - xi_mp|| / ||x*|| <= allowance(kappa, D).",
-    strategy=_alg1_cases, check=_check_alg1, precisions=(MP,) + FLOATS,
+    strategy=_alg1_cases, check=_check_alg1, precisions=ALL_PRECISIONS,
 ))
 
 
@@ -450,29 +449,35 @@ def _schedule_cases(min_kappa=1.0 + 2**-6):
     return st.tuples(eigenvalue_bounds(min_kappa=min_kappa), st.integers(0, 60))
 
 
-def _working_weights(impl, L, mu, r, prec):
-    """The weights as the working solver computes them (compute dtype: fp32 in bf16 storage mode)."""
+def _mp_schedule(impl, L, mu, r):
+    """Exactly (inside ``mpla.exact()``): rho^2, the weights omega_0..omega_r and omega_1* of
+    L, mu (floats or mpf)."""
+    Lm, mum = mpf(L), mpf(mu)
+    rho2 = ((Lm - mum) / (Lm + mum)) ** 2
+    return rho2, impl["weights_mp"](Lm, mum, r), impl["omega_star_mp"](rho2)
+
+
+def _working_schedule(impl, L, mu, r, prec):
+    """The weights as the working solver computes them (compute dtype: fp32 in bf16 storage mode),
+    its u_acc, and omega_1* (exact, as a float) of the rounded rho^2 the schedule used."""
     ar = arith(prec)
-    return impl["chebyshev_weights"](L, mu, r, dtype=ar.compute).to(F64).tolist(), ar.u_acc
+    w = impl["chebyshev_weights"](L, mu, r, dtype=ar.compute).to(F64).tolist()
+    rho2 = float(ar.scalar(((L - mu) / (L + mu)) ** 2).to(F64))
+    with mpla.exact():
+        ws = float(impl["omega_star_mp"](mpf(rho2)))
+    return w, ar.u_acc, ws
 
 
 def _check_lemma3(case, impl, prec) -> Measurement:
     (L, mu), r = case
     if prec == MP:
         with mpla.exact():
-            Lm, mum = mpf(L), mpf(mu)
-            rho2 = ((Lm - mum) / (Lm + mum)) ** 2
-            w = impl["weights_mp"](Lm, mum, r)
-            ws = impl["omega_star_mp"](rho2)
+            rho2, w, ws = _mp_schedule(impl, L, mu, r)
             parts = [exact_inequality(w[i], w[i - 1], f"omega_{i} <= omega_{i - 1}") for i in range(1, r + 1)]
             parts += [exact_inequality(ws, w[-1], "omega_r >= omega_1*"), exact_inequality(1, ws, "omega_1* > 1 (>=)")]
             parts += [exact_inequality(abs(4 - rho2 * wi - 3), 1, "4 - rho^2 omega in [2, 4]") for wi in w]
             return worst(parts)
-    w, u = _working_weights(impl, L, mu, r, prec)
-    ar = arith(prec)
-    rho2 = float(ar.scalar(((L - mu) / (L + mu)) ** 2).to(F64))  # the rounded rho^2 the schedule used
-    with mpla.exact():
-        ws = float(impl["omega_star_mp"](mpf(rho2)))
+    w, u, ws = _working_schedule(impl, L, mu, r, prec)
     # each omega_i is a division of a rounded difference of a rounded product: relative error <= 3u,
     # so monotonicity and omega_i >= omega_1* can fail by at most 3u omega (<= 6u).
     parts = [Measurement(w[i] - w[i - 1], 6 * u, f"omega_{i} <= omega_{i - 1}") for i in range(1, r + 1)]
@@ -486,7 +491,7 @@ register(gka(
               "omega_1* = 2(1 - sqrt(1 - rho^2))/rho^2; hence 4 - rho^2 omega_i lies in [2, 4].",
     quantity="mp: every inequality, held exactly (1e-30). Working precisions: the schedule solvers.chebyshev_weights computes "
              "(compute dtype) is non-increasing and >= omega_1*(rounded rho^2) up to 3u omega <= 6u, and never exceeds 2.",
-    strategy=_schedule_cases, check=_check_lemma3, precisions=(MP,) + FLOATS,
+    strategy=_schedule_cases, check=_check_lemma3, precisions=ALL_PRECISIONS,
     note="The proof's 'g(omega_i) <= 0' should read g(omega_{i-1}) <= 0 (typo; the statement is unaffected). "
          "At L = mu, omega_i = 1 for i >= 1 and omega_1* is a 0/0: the lemma needs L > mu, as its proof assumes.",
 ))
@@ -496,18 +501,12 @@ def _check_lemma4(case, impl, prec) -> Measurement:
     (L, mu), r = case
     if prec == MP:
         with mpla.exact():
-            Lm, mum = mpf(L), mpf(mu)
-            rho2 = ((Lm - mum) / (Lm + mum)) ** 2
-            w = impl["weights_mp"](Lm, mum, r)
-            ws = impl["omega_star_mp"](rho2)
-            R = impl["lemma4_rate_mp"](Lm / mum)
+            _, w, ws = _mp_schedule(impl, L, mu, r)
+            R = impl["lemma4_rate_mp"](mpf(L) / mpf(mu))
             return worst([exact_inequality(w[i] - ws, R**i * (w[0] - ws), f"i={i}") for i in range(1, r + 1)]
                          or [Measurement(0.0, 1.0, "r = 0")])
-    w, u = _working_weights(impl, L, mu, r, prec)
-    ar = arith(prec)
-    rho2 = float(ar.scalar(((L - mu) / (L + mu)) ** 2).to(F64))
+    w, u, ws = _working_schedule(impl, L, mu, r, prec)
     with mpla.exact():
-        ws = float(impl["omega_star_mp"](mpf(rho2)))
         R = float(impl["lemma4_rate_mp"](mpf(L) / mpf(mu)))
     # Lemma 4's proof shows the schedule's map contracts by <= R per step; a rounding of <= 3u omega <= 6u
     # per step then adds at most 6u / (1 - R) to the gap (geometric sum).
@@ -521,7 +520,7 @@ register(gka(
     statement="omega_i - omega_1* <= R^i (omega_0 - omega_1*) with R = (kappa-1)/(kappa+1) (sqrt kappa - 1)/(sqrt kappa + 1).",
     quantity="mp: the gap against R^i (2 - omega_1*) at every i <= r. Working precisions: the computed schedule's gap "
              "against R^i (2 - omega_1*) + 6u/(1 - R) (per-step rounding 3u omega, contracted by R).",
-    strategy=_schedule_cases, check=_check_lemma4, precisions=(MP,) + FLOATS,
+    strategy=_schedule_cases, check=_check_lemma4, precisions=ALL_PRECISIONS,
     note="Tight at i = 1 as kappa -> infinity (ratio 0.93 at kappa = 51, 0.9996 at 1e4), loose for large i: the asymptotic rate is the map's derivative at omega_1*, rho^2 omega_1*^2/4 = R_a^2 < R; e.g. 0.569 vs "
          "R = 0.725 at kappa = 51, so R^i overestimates the gap by a factor growing like (R/R_a^2)^i. In strict bf16 the "
          "schedule stalls 1.5 ulp above omega_1* (1.578 vs 1.569 at kappa = 51): exact Lemma 4 fails there, the "
@@ -579,9 +578,7 @@ register(
 
 def _check_remark1_20(case, impl, prec) -> Measurement:
     with mpla.exact():
-        L, mu = mpf("1.02"), mpf("0.02")
-        w = impl["weights_mp"](L, mu, 20)
-        ws = impl["omega_star_mp"](((L - mu) / (L + mu)) ** 2)
+        _, w, ws = _mp_schedule(impl, mpf("1.02"), mpf("0.02"), 20)
         first = next(i for i, wi in enumerate(w) if (wi - ws) <= ws * mpf(2) ** -8)
         return Measurement(float((w[20] - ws) / ws), 2.0**-8, f"within bf16's u from iteration {first}")
 
@@ -618,9 +615,7 @@ register(gka(
 def _check_remark2_range(case, impl, prec) -> Measurement:
     (L, mu), r = case
     with mpla.exact():
-        Lm, mum = mpf(L), mpf(mu)
-        w = impl["weights_mp"](Lm, mum, max(r, 1))
-        ws = impl["omega_star_mp"](((Lm - mum) / (Lm + mum)) ** 2)
+        _, w, ws = _mp_schedule(impl, L, mu, max(r, 1))
         neg_b = [wi - 1 for wi in w[1:]]
         return worst([exact_inequality(max(neg_b), 1, "-b_i <= 1"),
                       exact_inequality(ws - 1, min(neg_b), "-b_i >= omega_1* - 1")])

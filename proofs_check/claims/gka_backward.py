@@ -20,7 +20,7 @@ from analysis.strategies.bf16 import bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import CORRECTED, EXTENSION, FAILS, HOLDS, MP, Claim, Measurement
+from ..claim import ALL_PRECISIONS, CORRECTED, EXTENSION, FAILS, HOLDS, MP, Claim, Measurement
 from ..registry import register
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
                       worst)
@@ -1004,7 +1004,7 @@ register(chb(
     quantity="mp: mpmath.diff of <g, xi_r> w.r.t. q against CH(H, g, r), held to 1e-30. Working precisions: "
              "chebyshev_backward 'implicit' vs 'autograd', distance / ||dq|| <= 2 x allowance.",
     strategy=lambda: _ch_cases(max_r=6), check=_check_lemma2,
-    precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    precisions=ALL_PRECISIONS,
 ))
 
 

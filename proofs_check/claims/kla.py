@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
-from ..claim import CORRECTED, FAILS, MP, Claim, Measurement, Uncheckable
+from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
 from ..registry import register, register_uncheckable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mpf, rel64,
                       worst)
@@ -203,7 +203,7 @@ register(
         quantity="mp: S_t^T k - v held to 1e-30. Working precisions: solvers.kla_recurrent on one token, "
                  "||S_t^T k - v|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
         strategy=lambda: _token_cases(unrelaxed=True), check=_check_constraint,
-        precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"), implementation=_impl_solvers),
+        precisions=ALL_PRECISIONS, implementation=_impl_solvers),
     kla(id="kla.thm1.projection", source="KLA Theorem 1 (i), Remarks 1-2, eq. (12)",
         statement="The unrelaxed update is the orthogonal projection of S~ onto A_t = {S : S^T k = v}: S_t - S~ is orthogonal "
                   "to every H with H^T k = 0, and every other element of A_t is farther from S~.",
@@ -301,7 +301,7 @@ register(kla(
               "contracts and L_t(S_t) <= L_t(S~).",
     quantity="mp: eq. (5) held to 1e-30 and the factor's range, the loss decrease. Working precisions: solvers.kla_recurrent, "
              "||e+ - factor e|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
-    strategy=_token_cases, check=_check_prop2, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_token_cases, check=_check_prop2, precisions=ALL_PRECISIONS,
     implementation=_impl_solvers,
     note="App. A.4's strict ||e+|| < ||e|| needs e != 0 (a zero residual stays zero).",
 ))
@@ -390,7 +390,7 @@ register(kla(
               "the sequence length or the decay (the update, not the coefficient, depends on S~_{t-1}).",
     quantity="solvers.kla.kaczmarz_coefficient: beta_t bitwise identical computed for the token alone, inside the sequence "
              "and inside the reversed sequence (value = 1 if any differ, held to 0).",
-    strategy=_sequence_cases, check=_check_locality, precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_sequence_cases, check=_check_locality, precisions=WORKING,
     implementation=_impl_solvers,
 ))
 
@@ -480,7 +480,7 @@ register(kla(
     quantity="mp: outputs, every state and S_out against the tokenwise recurrence, held to 1e-30 (queries normalised as the "
              "text says). Working precisions: solvers.kla.kla_chunkwise against the mp recurrence, error / state scale "
              "<= allowance(kappa(I + L), T + d_k), kappa of the triangular system (7).",
-    strategy=_sequence_cases, check=_check_props34, precisions=(MP, "float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_sequence_cases, check=_check_props34, precisions=ALL_PRECISIONS,
     implementation=_impl_solvers,
     note="The unit lower-triangular system is always nonsingular (Prop. 3's remark) -- used, not just claimed: it is solved.",
 ))
@@ -619,7 +619,7 @@ register(kla(
     statement="solvers.kla.wy_representation / wy_matrices reproduce P_i and H_i in every precision.",
     quantity="||P_i - P_i,true|| and ||H_i - H_i,true||, each relative to the sizes of the terms of eqs. (18), (20), "
              "against the allowance with the condition number of the triangular system both auxiliaries solve (as kla.props3_4).",
-    strategy=_sequence_cases, check=_check_wy_solver, precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_sequence_cases, check=_check_wy_solver, precisions=WORKING,
     implementation=_impl_solvers,
 ))
 
@@ -775,6 +775,6 @@ register(kla(
               "tokenwise recurrence, and the Kaczmarz coefficient is unchanged.",
     quantity="working precisions: solvers.kla.kla_chunkwise with per-channel alpha against the exact tokenwise recurrence "
              "S_t = Diag(alpha_t) S_{t-1} + beta k e^T, error / state scale within the allowance.",
-    strategy=_diag_cases, check=_check_diagonal, precisions=("float64", "float32", "bfloat16/storage", "bfloat16/strict"),
+    strategy=_diag_cases, check=_check_diagonal, precisions=WORKING,
     implementation=_impl_solvers,
 ))
