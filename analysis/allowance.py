@@ -26,7 +26,8 @@ import torch
 
 from . import ground_truth as gt
 from .precision import ALLOWANCE_C, PRECISIONS, allowance_applies, allowance_kappa
-from .strategies.spd import SPECTRUM_KINDS, ridge_system, spd_system
+from .strategies.ridge import ridge_system
+from .strategies.spd import SPECTRUM_KINDS, spd_system
 
 
 @dataclass

@@ -33,7 +33,7 @@ import solvers
 from analysis import ground_truth as gt
 from analysis import running_bounds as rb
 from analysis.precision import PRECISIONS, allowance_applies
-from analysis.strategies import spd_system, spd_systems
+from analysis.strategies import spd_batch, spd_system, spd_systems
 from solvers._arith import Arith
 
 IDS = [a.label for a in PRECISIONS]
@@ -122,10 +122,7 @@ def test_working_omegas_are_the_solvers(arith):
 
 def test_batched_bound_matches_per_system_and_leaves_inputs_alone():
     S1, S2 = spd_system(6, 10.0, seed=1), spd_system(6, 300.0, seed=2)
-    H = torch.stack([S1.H, S2.H]).to(torch.bfloat16)
-    q = torch.stack([S1.q, S2.q]).to(torch.bfloat16)
-    L = torch.tensor([S1.L, S2.L], dtype=torch.float64)
-    mu = torch.tensor([S1.mu, S2.mu], dtype=torch.float64)
+    H, q, L, mu = spd_batch([S1, S2], torch.bfloat16)
     _, info = solvers.agd(H, q, L=L, mu=mu, iters=20, return_info=True)
     H0, q0, its0 = H.clone(), q.clone(), info.iterates.clone()
     both = rb.running_bound("agd", H, q, info, L=L, mu=mu, arith=STORAGE)

@@ -27,7 +27,7 @@ from analysis import bounds, checks
 from analysis import ground_truth as gt
 from analysis.allowance import survey_iters
 from analysis.precision import PRECISIONS, rounding_allowance
-from analysis.strategies import ridge_systems, spd_system, spd_systems
+from analysis.strategies import ridge_systems, spd_batch, spd_system, spd_systems
 from solvers._arith import Arith
 
 IDS = [a.label for a in PRECISIONS]
@@ -139,10 +139,7 @@ def test_forward_error_splits_into_truncation_plus_rounding():
 
 def test_batched_split_matches_per_system():
     S1, S2 = spd_system(6, 10.0, seed=1), spd_system(6, 300.0, seed=2)
-    H = torch.stack([S1.H, S2.H]).to(torch.float32)
-    q = torch.stack([S1.q, S2.q]).to(torch.float32)
-    L = torch.tensor([S1.L, S2.L], dtype=torch.float64)
-    mu = torch.tensor([S1.mu, S2.mu], dtype=torch.float64)
+    H, q, L, mu = spd_batch([S1, S2], torch.float32)
     both = gt.error_split("chebyshev", H, q, iters=20, L=L, mu=mu)
     one = gt.error_split("chebyshev", H[1], q[1], iters=20, L=S2.L, mu=S2.mu)
     # the mp side is per system and exact; the working side may sum in another order when batched

@@ -5,11 +5,9 @@ One module per problem family; this file only re-exports (add a line for yours).
 
 from .spd import (
     SPECTRUM_KINDS,
-    RidgeCase,
     SPDSystem,
     haar_orthogonal,
-    ridge_system,
-    ridge_systems,
+    spd_batch,
     spd_matrices,
     spd_matrix,
     spd_system,
@@ -21,4 +19,15 @@ from .gates import GATE_REGIMES, log_gate_sequences, log_gate_values, log_gates,
 from .gka import GKACase, gka_case, gka_cases
 from .sequences import KaczmarzSystem, KLACase, consistent_system, consistent_systems, kla_case, kla_cases
 from .bf16 import bf16_floats, bf16_matrices, bf16_tensors, bf16_vectors, is_bf16, to_bf16
-from .ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
+from .ridge import (
+    PAPER_RIDGE_STRENGTHS,
+    RIDGE_STRENGTHS,
+    GKASequence,
+    GKASystem,
+    RidgeCase,
+    eigenvalue_bounds,
+    gka_sequences,
+    gka_systems,
+    ridge_system,
+    ridge_systems,
+)

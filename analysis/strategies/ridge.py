@@ -1,4 +1,4 @@
-"""Gated ridge-regression sequences of the GKA form, with bf16-representable entries.
+"""GKA's ridge regressions (Sec. 4.1, eq. (4)): literal bf16 cases and seeded larger systems.
 
 GKA (Sec. 4.1, eq. (CH), appendix D.2) solves at every token t
 
@@ -13,8 +13,9 @@ queries, cotangents ``dL/dx_t`` and ``a`` as plain tuples of bf16-representable 
   exactly;
 * a shrunk counterexample prints as a literal to paste into ``@example``.
 
-(``analysis.strategies.spd.ridge_systems`` draws larger seeded systems of the same form;
-use this module when the test needs token-level structure, gates or cotangents.)
+:func:`ridge_systems` / :func:`ridge_system` (seeded, float64) build larger systems of the same
+form at one token -- up to 64 unit-norm keys with a constant decay -- when the test needs size
+rather than token-level structure, gates, cotangents or shrinkable literals.
 
 Example::
 
@@ -34,12 +35,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import torch
 from hypothesis import strategies as st
 
+from solvers.ridge import RidgeSystem, gka_ridge
+
 from .bf16 import bf16_floats, bf16_vectors
 
-RIDGE_STRENGTHS = (0.01, 0.02, 0.05, 0.1, 0.5)  # GKA appendix K's a in {0.01, 0.02, 0.05, 0.1}, and a loose one
+_F64 = torch.float64
+
+PAPER_RIDGE_STRENGTHS = (0.01, 0.02, 0.05, 0.1)  # GKA appendix K's a
+RIDGE_STRENGTHS = PAPER_RIDGE_STRENGTHS + (0.5,)  # and a loose one
 
 
 @dataclass(frozen=True)
@@ -180,4 +187,47 @@ def eigenvalue_bounds(*, min_kappa: float = 1.0 + 2**-6, max_kappa: float = 1e4,
     return build()
 
 
-__all__ = ["GKASequence", "GKASystem", "RIDGE_STRENGTHS", "eigenvalue_bounds", "gka_sequences", "gka_systems"]
+# --------------------------------------------------------------------- seeded (float64)
+
+
+@dataclass
+class RidgeCase:
+    """A GKA ridge system (eq. (4)): ``ridge.A = H + a ||H||_F I`` with L, mu; and a query q."""
+
+    ridge: RidgeSystem
+    q: torch.Tensor
+    H: torch.Tensor
+    seed: int
+
+
+def ridge_system(D: int, a: float, *, T: int = 64, gamma: float = 1.0, seed: int = 0) -> RidgeCase:
+    """GKA's regression at token T: ``H = sum_t gamma^(T-t) k_t k_t^T`` for unit-norm keys
+    (GKA Sec. 4.1, "Forward Recurrence"), regularised by ``lambda = a ||H||_F`` (eq. (4));
+    q a unit-norm query. gamma = 1 is the Fig. 1a generator (appendix F) at one token."""
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(T, D, generator=g, dtype=_F64)
+    k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
+    w = gamma ** torch.arange(T - 1, -1, -1, dtype=_F64)
+    H = torch.einsum("t,ti,tj->ij", w, k, k)
+    H = 0.5 * (H + H.T)
+    q = torch.randn(D, generator=g, dtype=_F64)
+    return RidgeCase(ridge=gka_ridge(H, a), q=q / torch.linalg.vector_norm(q), H=H, seed=seed)
+
+
+def ridge_systems(*, min_dim: int = 2, max_dim: int = 12, a=PAPER_RIDGE_STRENGTHS, max_T: int = 64):
+    """Strategy: :class:`RidgeCase` of the GKA form, a drawn from ``a``, gamma in [0.8, 1]."""
+
+    @st.composite
+    def build(draw):
+        D = draw(st.integers(min_dim, max_dim))
+        T = draw(st.integers(1, max_T))
+        gamma = draw(st.sampled_from((1.0, 0.99, 0.9, 0.8)))
+        return ridge_system(D, draw(st.sampled_from(a)), T=T, gamma=gamma, seed=draw(st.integers(0, 2**31 - 1)))
+
+    return build()
+
+
+__all__ = ["GKASequence", "GKASystem", "PAPER_RIDGE_STRENGTHS", "RIDGE_STRENGTHS", "RidgeCase", "eigenvalue_bounds",
+           "gka_sequences", "gka_systems", "ridge_system", "ridge_systems"]

@@ -1,9 +1,9 @@
-"""SPD test systems with a prescribed spectrum, and GKA ridge systems (GKA eq. (4)).
+"""SPD test systems with a prescribed spectrum.
 
-Deterministic builders (``spectrum``, ``spd_matrix``, ``spd_system``, ``ridge_system``) take
-a seed, so the verification table and the figures are reproducible; the hypothesis
-strategies (``spectra``, ``spd_matrices``, ``spd_systems``, ``ridge_systems``) draw their
-parameters and a seed and call the builders.
+Deterministic builders (``spectrum``, ``spd_matrix``, ``spd_system``) take a seed, so the
+verification table and the figures are reproducible; the hypothesis strategies (``spectra``,
+``spd_matrices``, ``spd_systems``) draw their parameters and a seed and call the builders.
+GKA's ridge systems (eq. (4)) are in :mod:`analysis.strategies.ridge`.
 
 Everything is float64: ``H = Q diag(lambda) Q^T`` with Haar-random orthogonal ``Q``
 (QR of a Gaussian with the signs of R's diagonal fixed), symmetrised exactly. The returned
@@ -19,8 +19,6 @@ from typing import Sequence
 
 import torch
 from hypothesis import strategies as st
-
-from solvers.ridge import RidgeSystem, gka_ridge
 
 SPECTRUM_KINDS = ("geometric", "clustered", "outliers")
 _F64 = torch.float64
@@ -111,30 +109,14 @@ def spd_system(D: int, kappa: float, kind: str = "geometric", *, seed: int = 0, 
     return SPDSystem(H=H, q=q / torch.linalg.vector_norm(q), eigenvalues=lam, kind=kind, seed=seed)
 
 
-@dataclass
-class RidgeCase:
-    """A GKA ridge system (eq. (4)): ``ridge.A = H + a ||H||_F I`` with L, mu; and a query q."""
-
-    ridge: RidgeSystem
-    q: torch.Tensor
-    H: torch.Tensor
-    seed: int
-
-
-def ridge_system(D: int, a: float, *, T: int = 64, gamma: float = 1.0, seed: int = 0) -> RidgeCase:
-    """GKA's regression at token T: ``H = sum_t gamma^(T-t) k_t k_t^T`` for unit-norm keys
-    (GKA Sec. 4.1, "Forward Recurrence"), regularised by ``lambda = a ||H||_F`` (eq. (4));
-    q a unit-norm query. gamma = 1 is the Fig. 1a generator (appendix F) at one token."""
-    if not 0.0 < gamma <= 1.0:
-        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-    g = torch.Generator().manual_seed(seed)
-    k = torch.randn(T, D, generator=g, dtype=_F64)
-    k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
-    w = gamma ** torch.arange(T - 1, -1, -1, dtype=_F64)
-    H = torch.einsum("t,ti,tj->ij", w, k, k)
-    H = 0.5 * (H + H.T)
-    q = torch.randn(D, generator=g, dtype=_F64)
-    return RidgeCase(ridge=gka_ridge(H, a), q=q / torch.linalg.vector_norm(q), H=H, seed=seed)
+def spd_batch(systems: Sequence[SPDSystem], dtype: torch.dtype = _F64):
+    """Systems as one batch: ``(H, q)`` stacked and rounded once to ``dtype``, and their
+    ``L``, ``mu`` as float64 ``(len(systems),)`` tensors."""
+    H = torch.stack([s.H for s in systems]).to(dtype)
+    q = torch.stack([s.q for s in systems]).to(dtype)
+    L = torch.tensor([s.L for s in systems], dtype=_F64)
+    mu = torch.tensor([s.mu for s in systems], dtype=_F64)
+    return H, q, L, mu
 
 
 # --------------------------------------------------------------------- hypothesis
@@ -182,26 +164,11 @@ def spd_systems(*, min_dim: int = 2, max_dim: int = 12, min_kappa: float = 1.0, 
     return build()
 
 
-def ridge_systems(*, min_dim: int = 2, max_dim: int = 12, a=(0.01, 0.02, 0.05, 0.1), max_T: int = 64):
-    """Strategy: :class:`RidgeCase` of the GKA form, a drawn from ``a``, gamma in [0.8, 1]."""
-
-    @st.composite
-    def build(draw):
-        D = draw(st.integers(min_dim, max_dim))
-        T = draw(st.integers(1, max_T))
-        gamma = draw(st.sampled_from((1.0, 0.99, 0.9, 0.8)))
-        return ridge_system(D, draw(st.sampled_from(a)), T=T, gamma=gamma, seed=draw(_seeds))
-
-    return build()
-
-
 __all__ = [
-    "RidgeCase",
     "SPDSystem",
     "SPECTRUM_KINDS",
     "haar_orthogonal",
-    "ridge_system",
-    "ridge_systems",
+    "spd_batch",
     "spd_matrices",
     "spd_matrix",
     "spd_system",
