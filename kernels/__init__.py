@@ -11,5 +11,6 @@ from .chebyshev_backward import chebyshev_backward, chebyshev_solve
 from .gka_chunk import chunkwise_frobenius
 from .gradient import agd, gd
 from .kla import kla_chunkwise
+from .koopman import koopman_readout
 
-__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise"]
+__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise", "koopman_readout"]

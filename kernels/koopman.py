@@ -1,0 +1,342 @@
+"""Spectral Koopman Attention readout (Echo eq. (13), Appendix F steps 4-10) fused in one Triton
+kernel, one program per system.
+
+Same result as ``solvers.koopman_readout`` (whose docstring states the pipeline). The program
+keeps the r x r matrices of its system on chip (r <= 64) and runs, in float32:
+
+1. the Cholesky factor of ``G~`` (right-looking, Higham Alg. 10.2 reordered; a pivot that is not
+   positive and finite marks the factorisation failed, and the system is refactored once as
+   ``G~ + jitter I``, as ``solvers.cholesky``) and, in the same sweep over the columns,
+2. ``L^{-1}`` by forward substitution on the columns of I (Higham Alg. 8.1);
+3. ``A_w = L^{-1} M L^{-T}`` (eq. (22)), its power estimate of sigma_max (eq. (12), the
+   reference's 6 steps from the unit all-ones vector) and ``A'_w = gamma A_w / max(1, sigma)``;
+4. ``W = C_v L^{-T}`` and ``F = eta W A'^K_w`` (P x r);
+5. for each block of queries: ``w = L^{-1} z^q / m`` and ``y = F w``.
+
+Step 5 uses ``B_v L = C_v L^{-T} L^{-1} L = C_v L^{-T}``: ``y = eta B_v L A'^K L^{-1} z^q`` of the
+reference (Prop. I.8) with the value map applied in whitened coordinates, one triangular
+factor fewer. Products are ``tl.dot`` with ``input_precision`` "ieee" (default: float32
+accuracy), "tf32x3" or "tf32"; inputs float32 or bfloat16 (widened exactly), the result rounded
+once to ``out_dtype``. So a bfloat16 kernel is float32 arithmetic on the bf16 statistics:
+compare it with the reference run in float32 on their float32 copies.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from solvers import _validate as check
+from solvers._info import Status
+from solvers.cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning
+from solvers.koopman import GAMMA_RANGE, POWER_ITERS, KoopmanInfo, KoopmanStatistics
+
+from . import _launch as launch
+from ._matvec import stored
+
+MAX_R = 64
+MAX_P = 128
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+JITTERED: tl.constexpr = tl.constexpr(int(Status.JITTERED))
+BREAKDOWN: tl.constexpr = tl.constexpr(int(Status.BREAKDOWN))
+
+
+@triton.jit
+def cholesky_inverse(Gt, r, jitter, R: tl.constexpr, WANT_L: tl.constexpr):
+    """``L`` with ``L L^T = G + jitter I`` and ``X = L^{-1}`` (valid r x r block of the
+    identity-padded [R, R] tile), in one sweep over the columns j:
+
+    * Cholesky, right-looking: ``l_jj = sqrt(a_jj)``, ``l_ij = a_ij / l_jj`` (i > j), then
+      ``A <- A - l l^T`` (Higham Alg. 10.2 with the inner products summed as they arrive);
+    * forward substitution on the columns of I, column-oriented: row j of X is
+      ``b_j / l_jj``, then ``b_i <- b_i - l_ij x_j`` for i > j (Higham Alg. 8.1 likewise).
+
+    Four passes over the tile per column. Returns (L or zeros, X, first failed column or -1);
+    a failed pivot continues as 1 so that nothing non-finite spreads (as ``solvers.cholesky``)."""
+    o = tl.arange(0, R)
+    A = Gt + tl.where((o[:, None] == o[None, :]) & (o < r)[:, None], jitter, 0.0)
+    X = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    L = tl.zeros([R, R], dtype=tl.float32)
+    failed = tl.full([], -1, dtype=tl.int32)
+    for j in range(R):
+        col = tl.sum(tl.where(o[None, :] == j, A, 0.0), axis=1)
+        d = tl.sum(tl.where(o == j, col, 0.0), axis=0)
+        ok = (d > 0) & (d < float("inf"))  # NaN fails the first test
+        failed = tl.where((failed < 0) & (ok == 0), j, failed)
+        l_jj = tl.sqrt(tl.where(ok, d, 1.0))
+        l = tl.where(o > j, col / l_jj, 0.0)
+        A = A - l[:, None] * l[None, :]
+        x_j = tl.sum(tl.where(o[:, None] == j, X, 0.0), axis=0) / l_jj
+        X = tl.where(o[:, None] == j, x_j[None, :], X - l[:, None] * x_j[None, :])
+        if WANT_L:
+            L = tl.where(o[None, :] == j, (l + tl.where(o == j, l_jj, 0.0))[:, None], L)
+    return L, X, failed
+
+
+@triton.jit
+def unit(x):
+    """``x / ||x||``; a zero vector stays zero (its sigma estimate is then 0, not NaN)."""
+    n = tl.sqrt(tl.sum(x * x, axis=0))
+    return x / tl.where(n > 0, n, 1.0)
+
+
+@triton.jit
+def mm(a, b, PREC: tl.constexpr):
+    if PREC == 1:
+        c = tl.dot(a, b, input_precision="tf32x3")
+    elif PREC == 2:
+        c = tl.dot(a, b, input_precision="tf32")
+    else:
+        c = tl.dot(a, b, input_precision="ieee")
+    return c
+
+
+@triton.jit
+def load_tile(p, i_n, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """System i_n's ``rows x cols`` matrix as a zero-padded float32 [BR, BC] tile."""
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BC)
+    ptr = p + i_n * (rows * cols) + o_r[:, None] * cols + o_c[None, :]
+    return tl.load(ptr, mask=(o_r < rows)[:, None] & (o_c < cols)[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def store_tile(p, i_n, x, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    o_r = tl.arange(0, BR)
+    o_c = tl.arange(0, BC)
+    ptr = p + i_n * (rows * cols) + o_r[:, None] * cols + o_c[None, :]
+    tl.store(ptr, stored(x, p.dtype.element_ty), mask=(o_r < rows)[:, None] & (o_c < cols)[None, :])
+
+
+@triton.jit
+def koopman_kernel(
+    p_G, p_M, p_Cv, p_zq, p_scale, p_eta, p_gamma, p_v0, p_y, p_status, p_failed, p_L, p_A, p_sigma, p_Bv,
+    r, P, Q, K, power_iters, jitter, v0_stride, start,
+    R: tl.constexpr, BP: tl.constexpr, BQ: tl.constexpr, STORE_INFO: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One program per system: Appendix F steps 4-10 (module docstring)."""
+    i_n = tl.program_id(0).to(tl.int64) + start
+    o = tl.arange(0, R)
+    m_r = o < r
+    eye_pad = tl.where((o[:, None] == o[None, :]) & (o >= r)[:, None], 1.0, 0.0)
+    Gt = load_tile(p_G, i_n, r, r, R, R) + eye_pad
+    L, X, failed = cholesky_inverse(Gt, r, 0.0, R, STORE_INFO)
+    status = tl.where(failed >= 0, JITTERED, 0)
+    if failed >= 0:
+        L, X, again = cholesky_inverse(Gt, r, jitter, R, STORE_INFO)
+        status = tl.where(again >= 0, BREAKDOWN, status)
+    usable = status != BREAKDOWN
+    tl.store(p_status + i_n, status)
+
+    # whitened operator, its power estimate of sigma_max and the spectral normalisation
+    Mt = load_tile(p_M, i_n, r, r, R, R)
+    Aw = mm(mm(X, Mt, PREC), tl.trans(X), PREC)
+    v = tl.load(p_v0 + i_n * v0_stride + o, mask=m_r, other=0.0)
+    for _ in range(power_iters):
+        u = unit(tl.sum(Aw * v[None, :], axis=1))
+        v = unit(tl.sum(Aw * u[:, None], axis=0))
+    Av = tl.sum(Aw * v[None, :], axis=1)
+    sigma = tl.sqrt(tl.sum(Av * Av, axis=0))
+    A = Aw * (tl.load(p_gamma + i_n) / tl.maximum(sigma, 1.0))
+
+    # F = eta C_v L^{-T} A'^K (P x r)
+    W = mm(load_tile(p_Cv, i_n, P, r, BP, R), tl.trans(X), PREC)
+    F = W
+    for _ in range(K):
+        F = mm(F, A, PREC)
+    F = F * tl.load(p_eta + i_n)
+
+    if STORE_INFO:
+        tl.store(p_failed + i_n, failed)
+        tl.store(p_sigma + i_n, sigma)
+        store_tile(p_L, i_n, L, r, r, R, R)
+        store_tile(p_A, i_n, A, r, r, R, R)
+        store_tile(p_Bv, i_n, mm(W, X, PREC), P, r, BP, R)
+
+    # queries: y = F L^{-1} z^q / m, blocks of BQ
+    inv_scale = 1.0 / tl.load(p_scale + i_n)
+    o_q = tl.arange(0, BQ)
+    o_p = tl.arange(0, BP)
+    for q0 in range(0, Q, BQ):
+        m_q = (q0 + o_q) < Q
+        Zq = tl.load(p_zq + i_n * Q * r + (q0 + o_q)[:, None] * r + o[None, :], mask=m_q[:, None] & m_r[None, :],
+                     other=0.0).to(tl.float32)
+        Wq = mm(Zq * inv_scale, tl.trans(X), PREC)
+        Y = mm(Wq, tl.trans(F), PREC)
+        Y = tl.where(usable, Y, float("nan"))
+        ptr = p_y + i_n * Q * P + (q0 + o_q)[:, None] * P + o_p[None, :]
+        tl.store(ptr, stored(Y, p_y.dtype.element_ty), mask=m_q[:, None] & (o_p < P)[None, :])
+
+
+# Autotuned on a GPU over the warps per system (the interpreter cannot time).
+koopman_tuned = triton.autotune(
+    configs=[triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8, 16)],
+    key=["R", "BP", "BQ", "STORE_INFO", "PREC"],
+)(koopman_kernel)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def _per_system(name: str, value, batch, device) -> torch.Tensor:
+    return launch.per_system(name, value, batch, device)
+
+
+def _stats(stats) -> KoopmanStatistics:
+    if not isinstance(stats, KoopmanStatistics):
+        raise TypeError(f"stats must be KoopmanStatistics (from solvers.koopman_statistics), got {type(stats).__name__}")
+    for name in ("G", "M", "Cv"):
+        launch.tensor(f"stats.{name}", getattr(stats, name), min_ndim=2)
+    check.same_kind("stats.M", stats.M, "stats.G", stats.G)
+    check.same_kind("stats.Cv", stats.Cv, "stats.G", stats.G)
+    r = stats.G.shape[-1]
+    if stats.G.shape[-2] != r or stats.M.shape[-2:] != (r, r) or stats.Cv.shape[-1] != r:
+        raise ValueError(f"stats must hold G, M (*batch, r, r) and Cv (*batch, P, r), got {tuple(stats.G.shape)}, "
+                         f"{tuple(stats.M.shape)}, {tuple(stats.Cv.shape)}")
+    if r > MAX_R:
+        raise ValueError(f"the kernel keeps r x r matrices on chip and supports r <= {MAX_R}, got r = {r}")
+    if stats.Cv.shape[-2] > MAX_P:
+        raise ValueError(f"the kernel supports value dimensions P <= {MAX_P}, got P = {stats.Cv.shape[-2]}")
+    return stats
+
+
+def _queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
+    zq = launch.tensor("zq", zq, min_ndim=2)
+    check.same_kind("zq", zq, "stats.G", stats.G)
+    r = stats.G.shape[-1]
+    if zq.shape[-1] != r:
+        raise ValueError(f"zq must have shape (*batch, Q, {r}), got {tuple(zq.shape)}")
+    if tuple(zq.shape[:-2]) != tuple(stats.batch):
+        raise ValueError(f"zq must have shape (*batch, Q, r) with batch = {tuple(stats.batch)} of the statistics, "
+                         f"got {tuple(zq.shape)}")
+    return zq
+
+
+def _gamma(gamma, batch, device) -> torch.Tensor:
+    g = _per_system("gamma", gamma, batch, device)
+    lo, hi = GAMMA_RANGE
+    if g.numel() and not bool(((g >= lo) & (g <= hi)).all()):
+        raise ValueError(f"gamma must lie in [{lo}, {hi}] (Echo eq. (12)), got {g.min().item()}..{g.max().item()}")
+    return g
+
+
+def _jitter(jitter) -> float:
+    if isinstance(jitter, bool) or not isinstance(jitter, numbers.Real):
+        raise TypeError(f"jitter must be a float, got {type(jitter).__name__}")
+    if not (jitter >= 0 and math.isfinite(jitter)):
+        raise ValueError(f"jitter must be a finite float >= 0, got {jitter}")
+    return float(jitter)
+
+
+def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "power",
+                    power_iters: int = POWER_ITERS, v0=None, jitter: float = DEFAULT_JITTER,
+                    return_info: bool = False, input_precision: str = "ieee", out_dtype=None):
+    """SKA retrieval ``y = eta B_v L A'^K_w L^{-1} z^q`` (Echo eq. (13), Appendix F steps 4-10), fused.
+
+    Accepts what ``solvers.koopman_readout`` accepts and returns the same -- ``y (*batch, Q, P)``,
+    or ``(y, KoopmanInfo)`` -- with the same failure policy (a jittered factorisation warns
+    unless ``return_info``; one that fails even then raises ``CholeskyError`` or, with
+    ``return_info``, has status BREAKDOWN and NaN outputs). Differences: statistics float32 or
+    bfloat16 with r <= 64 and P <= 128 on a CUDA device (CPU under TRITON_INTERPRET=1); all
+    arithmetic float32 (module docstring); ``sigma="power"`` only (the exact sigma_max is an SVD:
+    use the reference); ``v0`` of shape (r,) or (*batch, r). Extra options: ``input_precision``
+    ("ieee", "tf32x3", "tf32") for the products, ``out_dtype`` (default: the statistics' dtype).
+    """
+    stats = _stats(stats)
+    zq = _queries(stats, zq)
+    K = check.count("K", K)
+    power_iters = check.count("power_iters", power_iters)
+    if sigma != "power":
+        raise ValueError("kernels.koopman_readout supports sigma='power' only (eq. (12)); "
+                         "solvers.koopman_readout(..., sigma='exact') takes the exact sigma_max by SVD")
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    jitter = _jitter(jitter)
+    launch.bf16_mode(stats.bf16_mode)
+    G = stats.G
+    batch, r, P, Q = stats.batch, G.shape[-1], stats.Cv.shape[-2], zq.shape[-2]
+    dev = G.device
+    odt = launch.out_dtype(out_dtype, G.dtype)
+    eta_t = launch.fp32(_per_system("eta", eta, batch, dev))
+    gamma_t = launch.fp32(_gamma(gamma, batch, dev))
+    scale = _per_system("scale", stats.scale, batch, dev)
+    if scale.numel() and not bool((scale > 0).all()):
+        raise ValueError(f"stats.scale must be > 0, got min {float(scale.min())}")
+    scale = launch.fp32(scale)
+    if v0 is None:  # the reference's start, the unit all-ones vector rounded once
+        v0 = torch.full((1, r), 1.0 / math.sqrt(r) if r else 0.0, dtype=torch.float32, device=dev)
+    else:
+        v0 = launch.tensor("v0", v0, min_ndim=1)
+        if v0.shape[-1] != r:
+            raise ValueError(f"v0 must have shape (..., {r}), got {tuple(v0.shape)}")
+        try:
+            v0 = launch.flat(v0.expand(*batch, r), 1).to(torch.float32)
+        except RuntimeError:
+            raise ValueError(f"v0 has shape {tuple(v0.shape)}, which does not broadcast to {(*batch, r)}") from None
+    N = math.prod(batch)
+    G2, M2, C2, z2 = launch.flat(G, 2), launch.flat(stats.M, 2), launch.flat(stats.Cv, 2), launch.flat(zq, 2)
+    y = launch.empty_out((N, Q, P), odt, dev)
+    status = launch.empty_out((N,), torch.int32, dev)
+    info = {}
+    if return_info:
+        info = {"failed": launch.empty_out((N,), torch.int32, dev), "L": launch.empty_out((N, r, r), G.dtype, dev),
+                "A": launch.empty_out((N, r, r), G.dtype, dev), "sigma": launch.empty_out((N,), torch.float32, dev),
+                "Bv": launch.empty_out((N, P, r), G.dtype, dev)}
+    if N and r:
+        R = launch.block(r)
+        prec = PRECISIONS.index(input_precision)
+        args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status,
+                *(info[k] if return_info else status for k in ("failed", "L", "A", "sigma", "Bv")),
+                r, P, Q, K, power_iters, jitter, r if v0.shape[0] > 1 else 0)
+        meta = dict(R=R, BP=launch.block(max(P, 1)), BQ=min(64, launch.block(max(Q, 1))), STORE_INFO=return_info,
+                    PREC=prec)
+        for s, n in launch.launches(N):
+            if launch.interpreting():
+                koopman_kernel[(n,)](*args, s, **meta, num_warps=4)
+            else:
+                koopman_tuned[(n,)](*args, s, **meta)
+    elif N:
+        status.zero_()
+    return _finish(stats, zq, y.reshape(*batch, Q, P), status.reshape(batch), info, jitter, return_info, input_precision)
+
+
+def _finish(stats, zq, y, status, info, jitter, return_info, input_precision):
+    """The reference's failure policy, with one synchronisation for the common case."""
+    batch = stats.batch
+    usable = status != int(Status.BREAKDOWN)
+    finite = torch.isfinite(y).flatten(len(batch)).all(-1) if y.numel() else torch.ones(batch, dtype=torch.bool, device=y.device)
+    nonfinite = usable & ~finite
+    flags = torch.stack([(~usable).any(), (status == int(Status.JITTERED)).any(), nonfinite.any()]).tolist() if status.numel() else [False] * 3
+    broken, jittered, overflow = flags
+    if overflow or broken:  # never a silent NaN from a NaN input
+        for name in ("G", "M", "Cv"):
+            check.finite(f"stats.{name}", getattr(stats, name))
+        check.finite("zq", zq)
+    label = f"{str(stats.G.dtype).replace('torch.', '')}-statistics/float32-arithmetic"
+    if not return_info:
+        if broken:
+            raise CholeskyError(f"G~ is not positive definite in float32 even after jitter {jitter:g} I "
+                                f"in {int((~usable).sum())} system(s); pass return_info=True to get a status instead")
+        if jittered:
+            warnings.warn(f"Cholesky of G~ needed jitter {jitter:g} I in {int((status == int(Status.JITTERED)).sum())} "
+                          "system(s)", JitterWarning, stacklevel=3)
+        return y
+    r, P = stats.G.shape[-1], stats.Cv.shape[-2]
+    L = info["L"].reshape(*batch, r, r)
+    used = torch.where(status == int(Status.JITTERED), jitter, 0.0).to(torch.float64)
+    diag_L = torch.diagonal(L, dim1=-2, dim2=-1).to(torch.float64) ** 2
+    diag_G = torch.diagonal(stats.G, dim1=-2, dim2=-1).to(torch.float64) + used.unsqueeze(-1)
+    ratio = (diag_L / diag_G).amin(-1) if r else torch.ones(batch, dtype=torch.float64, device=y.device)
+    ratio = torch.where(usable, ratio, torch.full_like(ratio, float("nan")))
+    factor = CholeskyInfo(system_status=status.clone().long(), failed_column=info["failed"].reshape(batch).long(),
+                          pivot_ratio=ratio, jitter=jitter, precision=label)
+    system_status = torch.where(nonfinite, torch.full_like(status, int(Status.NONFINITE)), status).long()
+    return y, KoopmanInfo(system_status, label + ("" if input_precision == "ieee" else f"/{input_precision}-products"),
+                          factor, L, info["Bv"].reshape(*batch, P, r), info["A"].reshape(*batch, r, r),
+                          info["sigma"].reshape(batch))
