@@ -5,8 +5,12 @@ Subcommands (``python -m analysis --help``):
 * ``verify``  -- the verification table: every family in ``analysis.verification.FAMILIES``,
   printed and saved as CSV, JSON and markdown under ``<out>/verification/``;
 * ``report`` (the default) -- ``verify``, then every figure in ``analysis.figures.FIGURES``,
-  then the claims table (when ``proofs_check`` is installed), and ``<out>/report.md``;
-* ``claims`` -- the claim catalogue (``proofs_check.runner.main``); extra arguments pass through;
+  then every claim (``proofs_check.runner.run``, when ``proofs_check`` is installed), and
+  ``<out>/report.md``: the summary per solver and precision first, each figure with the
+  paper's printed values next to ours (its ``_paper.md`` table) and links to its files, the
+  claims table;
+* ``claims`` -- the claim catalogue (``proofs_check.runner.main``); its arguments, ``--help``
+  included, pass through;
 * ``allowance`` -- the survey behind the rounding allowance's constant (``analysis.allowance``);
 * one subcommand per figure module, named by its ``NAME``.
 
@@ -29,6 +33,7 @@ import pathlib
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Optional
 
 from . import verification
@@ -227,31 +232,63 @@ def run_figure(module, args, progress: Progress) -> tuple:
 # ---------------------------------------------------------------------------- claims
 
 
-def claims_main():
-    """``proofs_check.runner.main`` if it is installed, else None."""
+def claims_runner():
+    """The module ``proofs_check.runner`` if it is installed, else None."""
     try:
-        runner = importlib.import_module("proofs_check.runner")
+        return importlib.import_module("proofs_check.runner")
     except ImportError:
         return None
-    return getattr(runner, "main", None)
+
+
+UNAVAILABLE = "proofs_check is not available (no proofs_check.runner)"
 
 
 def run_claims(argv: list, out_dir: Optional[pathlib.Path]) -> tuple:
-    """Run the claim catalogue; returns (exit code or None if unavailable, captured table)."""
-    main = claims_main()
-    if main is None:
-        return None, "proofs_check is not available (no proofs_check.runner.main)"
+    """``python -m analysis claims``: ``proofs_check.runner.main(argv)``; returns (exit code or
+    None if unavailable, captured output). Its table is also saved as ``out_dir/claims.txt``."""
+    runner = claims_runner()
+    if runner is None:
+        return None, UNAVAILABLE
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
-            code = main(list(argv))
-    except SystemExit as exc:  # argparse inside the runner
+            code = runner.main(list(argv), prog="python -m analysis claims")
+    except SystemExit as exc:  # argparse inside the runner (--help, a bad option)
         code = exc.code if isinstance(exc.code, int) else 2
     text = buf.getvalue()
+    if any(a in ("-h", "--help") for a in argv):
+        return code, text + f"\nAlso: --out DIR (default {DEFAULT_OUT}): the table is saved as DIR/claims/claims.txt.\n"
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "claims.txt").write_text(text)
     return code, text
+
+
+@dataclass
+class ClaimsOutcome:
+    """The report's claim run: ``proofs_check.runner.table_rows`` and the printed table."""
+
+    rows: list
+    text: str
+
+    @property
+    def mismatches(self) -> int:
+        return sum(not r["matches"] for r in self.rows)
+
+
+def report_claims(out_dir: pathlib.Path, progress: Progress) -> Optional[ClaimsOutcome]:
+    """Every claim in every precision it lists (``proofs_check.runner.run``, its default
+    number of examples), saved as ``out_dir/claims.txt`` and ``claims.json``; None if
+    proofs_check is not installed."""
+    runner = claims_runner()
+    if runner is None:
+        return None
+    results = runner.run(progress=lambda r: progress(f"claims: {r.claim.id} [{r.precision}] {r.verdict}"))
+    outcome = ClaimsOutcome(runner.table_rows(results), runner.format_table(results))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "claims.txt").write_text(outcome.text + "\n")
+    (out_dir / "claims.json").write_text(json.dumps(outcome.rows, indent=1, default=str))
+    return outcome
 
 
 # ---------------------------------------------------------------------------- report
@@ -276,7 +313,45 @@ def summary_table(rows: list) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(args, rows, failures, figures, claims, timings) -> pathlib.Path:
+def _cell(v) -> str:
+    """A markdown table cell: numbers to 3 digits, ``|`` escaped."""
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return ("-" if v is None else str(v)).replace("|", "\\|")
+
+
+def claims_section(claims: Optional[ClaimsOutcome]) -> list:
+    if claims is None:
+        return [UNAVAILABLE]
+    n_claims = len({r["claim"] for r in claims.rows})
+    lines = [f"{len(claims.rows)} runs of {n_claims} claims (`proofs_check.runner`); {claims.mismatches} differ "
+             "from the record. Counterexamples: [claims/claims.txt](claims/claims.txt) "
+             "([json](claims/claims.json)); catalogue: [docs/claims.md](../docs/claims.md).", "",
+             "| claim | source | precision | cases | worst | bound | verdict |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in claims.rows:
+        text = r["verdict_text"] if r["matches"] else f"**MISMATCH**: {r['verdict_text']} (recorded: {r['expected']})"
+        lines.append("| " + " | ".join(_cell(v) for v in (r["claim"], r["source"], r["precision"], r["cases"],
+                                                            r["worst"], r["bound"], text)) + " |")
+    return lines
+
+
+def figure_section(module, files: list, error: Optional[str], out: pathlib.Path) -> list:
+    """The plot, the paper's printed values next to ours (``<NAME>_paper.md``, inlined) and
+    links to every file the figure wrote."""
+    lines = [f"### {module.NAME}", "", module.HELP, ""]
+    if error:
+        lines += [f"**Failed:** {error}", ""]
+    for f in files:
+        if str(f).endswith(".png"):
+            lines += [f"![{module.NAME}]({os.path.relpath(f, out)})", ""]
+    for f in files:
+        if pathlib.Path(f).name == f"{module.NAME}_paper.md":
+            lines += ["Paper vs ours:", "", pathlib.Path(f).read_text().rstrip(), ""]
+    lines += [f"* [{pathlib.Path(f).name}]({os.path.relpath(f, out)})" for f in files]
+    return lines + [""]
+
+
+def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome], timings) -> pathlib.Path:
     from .precision import ALLOWANCE_C
 
     out = args.out
@@ -292,23 +367,8 @@ def write_report(args, rows, failures, figures, claims, timings) -> pathlib.Path
     if not figures:
         lines.append("No figure modules are registered (analysis/figures/__init__.py FIGURES).")
     for module, files, error in figures:
-        lines.append(f"### {module.NAME}")
-        lines.append("")
-        lines.append(module.HELP)
-        lines.append("")
-        if error:
-            lines.append(f"**Failed:** {error}")
-        for f in files:
-            rel = os.path.relpath(f, out)
-            lines.append(f"![{module.NAME}]({rel})" if str(f).endswith(".png") else f"* [{pathlib.Path(rel).name}]({rel})")
-        lines.append("")
-    lines += ["## Claims", ""]
-    code, text = claims
-    if code is None:
-        lines.append(text)
-    else:
-        lines += [f"`python -m proofs_check` exit status {code} ([claims/claims.txt](claims/claims.txt)).", "",
-                  "```", text.rstrip(), "```"]
+        lines += figure_section(module, files, error, out)
+    lines += ["## Claims", ""] + claims_section(claims)
     lines += ["", "## Timings", ""] + [f"* {k}: {v:.1f} s" for k, v in timings.items()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -340,7 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
                         ("report", "verify + every figure + claims -> <out>/report.md (default)"),
                         ("allowance", "the survey behind the rounding allowance's constant c")):
         _common(sub.add_parser(name, help=help_), suppress=True)
-    c = sub.add_parser("claims", help="the claim catalogue (proofs_check); extra arguments pass through")
+    # no -h of its own: --help and every other argument pass through to proofs_check.runner
+    c = sub.add_parser("claims", add_help=False, help="the claim catalogue (proofs_check.runner); its arguments "
+                       "pass through (python -m analysis claims --help lists them)")
     _common(c, suppress=True)
     for module in figure_modules():
         _common(sub.add_parser(module.NAME, help=module.HELP), suppress=True)
@@ -406,13 +468,14 @@ def main(argv: Optional[list] = None) -> int:
         figures.append((module, files, error))
     t = time.perf_counter()
     progress("claims: running")
-    claims = run_claims([], args.out / "claims")
+    claims = report_claims(args.out / "claims", progress)
     timings["claims"] = time.perf_counter() - t
     path = write_report(args, rows, failures, figures, claims, timings)
     progress.done(f"report -> {path}")
     print(summary_table(rows))
     print(f"report: {path}")
-    bad = any(verdict(r).startswith("FAILS") for r in rows) or failures or any(e for _, _, e in figures)
+    bad = (any(verdict(r).startswith("FAILS") for r in rows) or failures or any(e for _, _, e in figures)
+           or (claims is not None and claims.mismatches))
     return 1 if bad else 0
 
 

@@ -12,7 +12,7 @@ Public API (also used by ``python -m analysis claims``):
 * :func:`table_rows` -> one dict per result (claim, source, precision, cases, worst, bound,
   verdict, matches);
 * :func:`format_table` -> the printed table;
-* :func:`main` ``(argv) -> int``.
+* :func:`main` ``(argv, *, prog) -> int``.
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ def format_table(results: list, *, show_counterexamples: bool = True) -> str:
     return "\n".join(lines + ([""] + extra if extra else []) + ["", summary])
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m proofs_check",
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Check the papers' claims (docs/claims.md) and compare with the record.")
     p.add_argument("--paper", choices=sorted(["gka", "kla", "echo", "gates"]), help="only this paper's claims")
     p.add_argument("--claim", action="append", metavar="ID",
@@ -200,8 +200,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list] = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -> int:
+    """The command line; ``prog`` names it in ``--help`` (``python -m analysis claims`` passes its own)."""
+    args = _parser(prog).parse_args(argv)
     if args.list:
         for c in registry.all_claims(args.paper, args.claim):
             print(f"{c.id:48s} {c.source:40s} {','.join(c.precisions)}")

@@ -42,7 +42,8 @@ def fake_figure(monkeypatch):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "fake_fig.png").write_bytes(b"png")
         (out_dir / "fake_fig.csv").write_text("a\n1\n")
-        return [out_dir / "fake_fig.png", out_dir / "fake_fig.csv"]
+        (out_dir / "fake_fig_paper.md").write_text("| quantity | paper | ours |\n| --- | --- | --- |\n| R | 0.7253 | 0.7253 |\n")
+        return [out_dir / "fake_fig.png", out_dir / "fake_fig.csv", out_dir / "fake_fig_paper.md"]
 
     mod.run = run
     monkeypatch.setitem(sys.modules, "analysis.figures.fake_fig", mod)
@@ -52,15 +53,29 @@ def fake_figure(monkeypatch):
 
 @pytest.fixture
 def fake_claims(monkeypatch):
-    seen = []
+    """A ``proofs_check.runner`` stand-in: ``main`` records its arguments, ``run`` gives one
+    result per entry of ``RESULTS`` (claim id, matches the record)."""
+    runner = types.SimpleNamespace(seen=[], RESULTS=[("gka.lemma3", True)])
 
-    def main(argv):
-        seen.append(list(argv))
+    def main(argv, *, prog):
+        runner.seen.append(list(argv))
+        if "--help" in argv:
+            print(f"usage: {prog} [--paper PAPER]")
+            raise SystemExit(0)
         print("claim  verdict\nlemma3 holds")
         return 0
 
-    monkeypatch.setattr(cli, "claims_main", lambda: main)
-    return seen
+    def run(progress=None):
+        runner.seen.append("run")
+        return list(runner.RESULTS)
+
+    runner.main, runner.run = main, run
+    runner.table_rows = lambda results: [
+        {"claim": c, "source": "GKA App. D.1, Lemma 3", "precision": "mp", "cases": 25, "worst": 0.5, "bound": 1.0,
+         "verdict": "holds", "verdict_text": "holds", "expected": "holds", "matches": m} for c, m in results]
+    runner.format_table = lambda results: "claim  verdict\n" + "\n".join(f"{c} holds" for c, _ in results)
+    monkeypatch.setattr(cli, "claims_runner", lambda: runner)
+    return runner
 
 
 def test_verify_writes_table_files_and_prints(tmp_path, fake_family, capsys):
@@ -105,14 +120,26 @@ def test_report_runs_verify_figures_claims(tmp_path, fake_family, fake_figure, f
     assert report.startswith("# Verification report")
     assert "| fake | float32 | 1 | 1 | 0 | 0 |" in report  # summary per solver and precision
     assert "![fake_fig](figures/fake_fig.png)" in report and "figures/fake_fig.csv" in report
-    assert "lemma3 holds" in report and (tmp_path / "claims" / "claims.txt").exists()
+    assert "| R | 0.7253 | 0.7253 |" in report  # the paper's values next to ours, inlined
+    assert "| gka.lemma3 | GKA App. D.1, Lemma 3 | mp | 25 | 0.5 | 1 | holds |" in report  # the claims table
+    assert "0 differ from the record" in report
+    assert "gka.lemma3 holds" in (tmp_path / "claims" / "claims.txt").read_text()
+    assert json.loads((tmp_path / "claims" / "claims.json").read_text())[0]["claim"] == "gka.lemma3"
     assert fake_figure.calls == [(True, False)]
-    assert fake_claims == [[]]
+    assert fake_claims.seen == ["run"]
+
+
+def test_report_fails_when_a_claim_differs_from_the_record(tmp_path, fake_family, fake_claims, monkeypatch):
+    monkeypatch.setattr(cli, "FIGURES", [])
+    fake_claims.RESULTS = [("gka.lemma3", True), ("gka.lemma4", False)]
+    assert cli.main(["report", "--out", str(tmp_path)]) == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "1 differ from the record" in report and "**MISMATCH**" in report
 
 
 def test_report_without_proofs_check(tmp_path, fake_family, monkeypatch):
     monkeypatch.setattr(cli, "FIGURES", [])
-    monkeypatch.setattr(cli, "claims_main", lambda: None)
+    monkeypatch.setattr(cli, "claims_runner", lambda: None)
     assert cli.main(["report", "--out", str(tmp_path)]) == 0
     assert "proofs_check is not available" in (tmp_path / "report.md").read_text()
 
@@ -135,12 +162,19 @@ def test_figure_that_raises_fails_the_command(tmp_path, fake_figure):
 
 def test_claims_subcommand_passes_arguments_through(tmp_path, fake_claims, capsys):
     assert cli.main(["claims", "--out", str(tmp_path), "--paper", "gka"]) == 0
-    assert fake_claims == [["--paper", "gka"]]
+    assert fake_claims.seen == [["--paper", "gka"]]
     assert "lemma3 holds" in capsys.readouterr().out
 
 
+def test_claims_help_is_the_runners(tmp_path, fake_claims, capsys):
+    assert cli.main(["claims", "--help", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "usage: python -m analysis claims [--paper PAPER]" in out and "--out DIR" in out
+    assert not (tmp_path / "claims" / "claims.txt").exists()  # a help text is not a claims table
+
+
 def test_claims_unavailable(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "claims_main", lambda: None)
+    monkeypatch.setattr(cli, "claims_runner", lambda: None)
     assert cli.main(["claims", "--out", str(tmp_path)]) == 0
     assert "not available" in capsys.readouterr().out
 
