@@ -184,10 +184,6 @@ koopman_tuned = triton.autotune(
 # ----------------------------------------------------------------------------- host side
 
 
-def _per_system(name: str, value, batch, device) -> torch.Tensor:
-    return launch.per_system(name, value, batch, device)
-
-
 def _stats(stats) -> KoopmanStatistics:
     if not isinstance(stats, KoopmanStatistics):
         raise TypeError(f"stats must be KoopmanStatistics (from solvers.koopman_statistics), got {type(stats).__name__}")
@@ -219,7 +215,7 @@ def _queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
 
 
 def _gamma(gamma, batch, device) -> torch.Tensor:
-    g = _per_system("gamma", gamma, batch, device)
+    g = launch.per_system("gamma", gamma, batch, device)
     lo, hi = GAMMA_RANGE
     if g.numel() and not bool(((g >= lo) & (g <= hi)).all()):
         raise ValueError(f"gamma must lie in [{lo}, {hi}] (Echo eq. (12)), got {g.min().item()}..{g.max().item()}")
@@ -263,9 +259,9 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     batch, r, P, Q = stats.batch, G.shape[-1], stats.Cv.shape[-2], zq.shape[-2]
     dev = G.device
     odt = launch.out_dtype(out_dtype, G.dtype)
-    eta_t = launch.fp32(_per_system("eta", eta, batch, dev))
+    eta_t = launch.fp32(launch.per_system("eta", eta, batch, dev))
     gamma_t = launch.fp32(_gamma(gamma, batch, dev))
-    scale = _per_system("scale", stats.scale, batch, dev)
+    scale = launch.per_system("scale", stats.scale, batch, dev)
     if scale.numel() and not bool((scale > 0).all()):
         raise ValueError(f"stats.scale must be > 0, got min {float(scale.min())}")
     scale = launch.fp32(scale)
@@ -294,7 +290,7 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
         args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status,
                 *(info[k] if return_info else status for k in ("failed", "L", "A", "sigma", "Bv")),
                 r, P, Q, K, power_iters, jitter, r if v0.shape[0] > 1 else 0)
-        meta = dict(R=R, BP=launch.block(max(P, 1)), BQ=min(64, launch.block(max(Q, 1))), STORE_INFO=return_info,
+        meta = dict(R=R, BP=launch.block(max(P, 1)), BQ=min(64 if R < 64 else 32, launch.block(max(Q, 1))), STORE_INFO=return_info,
                     PREC=prec)
         for s, n in launch.launches(N):
             if launch.interpreting():

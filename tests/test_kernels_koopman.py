@@ -14,7 +14,6 @@ Bounds, named at each assertion:
 """
 
 import math
-import warnings
 from types import SimpleNamespace
 
 import mpmath
