@@ -370,12 +370,15 @@ def prepare_kernel(
 
 @triton.jit
 def recurrence_kernel(
-    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, T, Tp, H, NT, nh_start,
+    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_H0: tl.constexpr, NORMALIZE: tl.constexpr, STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per (head, d_v block): the chunks in order, state block in float32."""
+    """One program per (head, d_v block): the chunks in order, state block in float32.
+
+    ``p_flag[8 i_nh + i_v]`` gets 0 when every output and the final state are finite and NaN
+    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
@@ -400,6 +403,7 @@ def recurrence_kernel(
     else:
         S = tl.zeros([BK, BV], dtype=tl.float32)
     t0 = tl.zeros([], dtype=tl.int64)  # first token of the chunk (int64: T H d may exceed 2^31)
+    finite = tl.zeros([C], dtype=tl.float32)
     for i_t in range(NT):
         t = t0 + o_c
         m_t = t < T
@@ -433,6 +437,7 @@ def recurrence_kernel(
             O = O / tl.where(m_t, qn, 1.0)[:, None]
         p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
         tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        finite += tl.sum(tl.where(m_t[:, None] & m_v[None, :], O * 0.0, 0.0), axis=1)
         if PER_CHANNEL:
             Rr = tl.where(m_t[:, None], tl.exp(g_last[None, :] - g), 0.0)
             S = tl.exp(g_last)[:, None] * S + mm(tl.trans(K.to(tl.float32) * Rr), U, PREC)
@@ -442,6 +447,8 @@ def recurrence_kernel(
         t0 += C
     if STORE_FINAL:
         tl.store(p_ht + p_state, stored(S, p_ht.dtype.element_ty), mask=m_state)
+    flag = tl.sum(finite, axis=0) + tl.sum(tl.sum(tl.where(m_state, S * 0.0, 0.0), axis=1), axis=0)
+    tl.store(p_flag + i_nh * 8 + i_v, flag)
 
 
 def _recurrence_configs():
@@ -485,7 +492,7 @@ def _eps(eps) -> float:
 def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
     """A gate (float or tensor) broadcast to ``head_shape`` or, with as many dimensions as
     ``channel_shape``, per channel; rounded to ``like``'s dtype (the inputs "as rounded").
-    Values are checked by :func:`_check_gates`."""
+    Values are checked by :func:`_gates_invalid`."""
     if isinstance(x, bool):
         raise TypeError(f"{name} must be a float or a tensor, got bool")
     if isinstance(x, numbers.Real):
@@ -505,11 +512,16 @@ def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
     return out.to(like.dtype), per_channel
 
 
+def _gates_invalid(alpha: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
+    """A device flag: some gate is not finite, or ``0 < alpha <= 1``, ``eta >= 0`` fails after
+    rounding (read with the result's finiteness, in one synchronisation)."""
+    if not alpha.numel():
+        return torch.zeros((), dtype=torch.bool, device=alpha.device)
+    return ~(((alpha > 0) & (alpha <= 1)).all() & (eta >= 0).all() & torch.isfinite(eta).all())
+
+
 def _check_gates(alpha: torch.Tensor, eta: torch.Tensor) -> None:
-    """Finite, ``0 < alpha <= 1``, ``eta >= 0`` after rounding (as ``solvers.kla_chunkwise``):
-    one device synchronisation when they are, the detailed checks only when they are not."""
-    if not alpha.numel() or bool(((alpha > 0) & (alpha <= 1)).all() & (eta >= 0).all() & torch.isfinite(eta).all()):
-        return
+    """The reference's errors for the gates (solvers.kla_chunkwise)."""
     for name, x, low, low_open, high in (("alpha", alpha, 0.0, True, 1.0), ("eta", eta, 0.0, False, None)):
         check.finite(name, x)
         bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
@@ -538,14 +550,9 @@ def _zero_keys(k: torch.Tensor, v: torch.Tensor) -> None:
                          "pass eps > 0 or zero v_t")
 
 
-def _explain_nonfinite(o, S, q, k, v, initial_state, normalize_queries):
-    """Never a silent NaN: if the result is not finite, name the input the reference would
-    have rejected (one synchronisation when it is finite)."""
-    finite = torch.isfinite(o).all()
-    if S is not None:
-        finite = finite & torch.isfinite(S).all()
-    if bool(finite):
-        return
+def _explain_nonfinite(q, k, v, initial_state, normalize_queries):
+    """Never a silent NaN: the result is not finite; name the input the reference would have
+    rejected."""
     for name, x in (("q", q), ("k", k), ("v", v)) + ((("initial_state", initial_state),) if initial_state is not None else ()):
         check.finite(name, x)
     if normalize_queries:
@@ -615,7 +622,7 @@ def kla_chunkwise(
     odt = launch.out_dtype(out_dtype, q.dtype)
     alpha_t, per_channel = _gate("alpha", alpha, k.shape[:-1], k.shape, k)
     eta_t, _ = _gate("eta", eta, k.shape[:-1], None, k)
-    _check_gates(alpha_t, eta_t)
+    gates_invalid = _gates_invalid(alpha_t, eta_t)
     if initial_state is not None:
         S0 = launch.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", S0, "q", q)
@@ -635,6 +642,7 @@ def kla_chunkwise(
     q2, k2, v2 = (launch.flat(x, 3) for x in (q, k, v))
     o = launch.empty_out((N, T, H, DV), odt, q.device)
     ht = launch.empty_out((N, H, DK, DV), odt, q.device) if return_final_state else None
+    flags = torch.zeros(N * H * 8, dtype=torch.float32, device=q.device)  # 0: finite (recurrence_kernel)
     if N * H and T:
         NT = -(-T // C)
         g = chunk_log_decay(launch.flat(alpha_t, 3 if per_channel else 2), C, per_channel)
@@ -650,20 +658,24 @@ def kla_chunkwise(
                 DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
                 PREC=PRECISIONS[prec], num_warps=4,
             )
-        _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries, prec)
+        _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries, prec)
     elif return_final_state:
         ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
     o = o.reshape(*lead, T, H, DV)
     S = None if ht is None else ht.reshape(*lead, H, DK, DV)
-    _explain_nonfinite(o, S, q, k, v, S0, normalize_queries)
+    invalid, nonfinite = torch.stack([gates_invalid, ~torch.isfinite(flags).all()]).tolist()  # one synchronisation
+    if invalid:
+        _check_gates(alpha_t, eta_t)
+    if nonfinite:
+        _explain_nonfinite(q, k, v, S0, normalize_queries)
     return (o, S) if return_final_state else o
 
 
-def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
+def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
     NH = q2.shape[0] * H
     common = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, HAS_H0=h0 is not None,
                   NORMALIZE=normalize, STORE_FINAL=ht is not None, PREC=PRECISIONS[prec])
-    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, T, g.shape[1], H, NT)
+    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags, T, g.shape[1], H, NT)
     # at most 8 d_v blocks per head (BV >= 16): keep every launch within the grid limit
     per_launch = max(1, launch.MAX_GRID // 8)
     for start in range(0, NH, per_launch):
