@@ -351,6 +351,12 @@ def figure_section(module, files: list, error: Optional[str], out: pathlib.Path)
     return lines + [""]
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome], timings) -> pathlib.Path:
     from .precision import ALLOWANCE_C
 
@@ -363,6 +369,10 @@ def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome],
              "([csv](verification/verification.csv), [json](verification/verification.json)).", ""]
     if failures:
         lines += ["Families that failed to run: " + ", ".join(f"`{n}` ({e})" for n, e, _ in failures), ""]
+    if "kernels" in verification.FAMILIES and not _cuda_available():
+        from .verification.kernels import NO_GPU
+
+        lines += [NO_GPU, ""]
     lines += ["## Figures", ""]
     if not figures:
         lines.append("No figure modules are registered (analysis/figures/__init__.py FIGURES).")
@@ -417,9 +427,7 @@ def main(argv: Optional[list] = None) -> int:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     args.command = args.command or "report"
     if args.quick is None:
-        import torch
-
-        args.quick = not torch.cuda.is_available()
+        args.quick = not _cuda_available()
     if args.recompute:
         os.environ["SVT_RECOMPUTE"] = "1"  # read by analysis.ground_truth
     progress = Progress()

@@ -139,13 +139,31 @@ def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent
     seed = draw(st.integers(0, 2**31 - 1))
     loose = draw(st.sampled_from([1.0, 1.25]))
     per_system = draw(st.booleans())
+    try:
+        return spd_case(D, batch, kappa, iters=iters, scale=scale, seed=seed, loose=loose, per_system=per_system,
+                        bounds=bounds, cotangent=cotangent, method=method, precision=precision, device=device)
+    except ValueError:  # rounding to the input dtype made a matrix indefinite
+        assume(False)
+
+
+def spd_case(D: int, batch: tuple, kappa: float, *, iters: int, scale: float = 1.0, seed: int = 0,
+             loose: float = 1.0, per_system: bool = True, bounds: bool = True, cotangent: bool = False,
+             method: Optional[str] = None, precision: torch.dtype = torch.bfloat16, device="cpu") -> Case:
+    """One :class:`Case` of SPD systems ``H (*batch, D, D)`` with spectrum in
+    ``[scale/kappa, scale]`` (:func:`spd_matrices`), a Gaussian q (and cotangent ``grad_x``).
+
+    ``bounds``: options ``L, mu`` enclosing the spectrum of H *as rounded to* ``precision``
+    (widened by ``loose``; one pair for the batch unless ``per_system``; ``L >= 1.5 mu`` for the
+    reverse methods, which need L > mu). Raises ValueError if rounding made a matrix indefinite.
+    """
+    reverse = method in ("reverse", "reverse_stored_omega")
     gen = torch.Generator(device=device).manual_seed(seed)
     H = spd_matrices(D, max(1, math.prod(batch)), kappa, scale, gen).reshape(*batch, D, D)
     q = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
-    # bounds from the spectrum of the matrix as rounded to the kernel's input dtype
     ev = torch.linalg.eigvalsh(H.to(precision).to(torch.float64))
     lo, hi = ev[..., 0], ev[..., -1]
-    assume(bool((lo > 0).all()))
+    if not bool((lo > 0).all()):
+        raise ValueError(f"a matrix is not positive definite once rounded to {precision}")
     inputs = {"H": H, "q": q}
     if cotangent:
         inputs["grad_x"] = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
@@ -396,7 +414,8 @@ STRATEGIES = {
 
 @dataclass
 class Finding:
-    """The error/bound ratio of one output of one system in one case."""
+    """The error/bound ratio of one output of one system in one case (``reference_norm``: the
+    norm of that system's reference output, to state error and bound relative to it)."""
 
     ratio: float
     output: str
@@ -404,6 +423,7 @@ class Finding:
     error: float
     bound: float
     case: str
+    reference_norm: float = float("nan")
 
     def __str__(self) -> str:
         return (f"ratio {self.ratio:.3g} (error {self.error:.3e} vs bound {self.bound:.3e}) "
@@ -477,8 +497,9 @@ def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: to
         if ratio.numel() == 0:
             continue
         j = int(torch.argmax(ratio))
+        ref_norm = torch.linalg.vector_norm(r64, dim=dims) if core else r64.abs()
         findings.append(Finding(float(ratio[j]), name, j, float(err.reshape(-1)[j]), float(bound.reshape(-1)[j]),
-                                case.label))
+                                case.label, float(ref_norm.reshape(-1)[j])))
     return findings
 
 

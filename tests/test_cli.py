@@ -137,6 +137,15 @@ def test_report_fails_when_a_claim_differs_from_the_record(tmp_path, fake_family
     assert "1 differ from the record" in report and "**MISMATCH**" in report
 
 
+def test_report_says_when_kernels_were_not_validated(tmp_path, fake_family, fake_claims, monkeypatch):
+    monkeypatch.setattr(cli, "FIGURES", [])
+    monkeypatch.setattr(verification, "FAMILIES", ["fake", "kernels"])
+    monkeypatch.setattr(cli, "_cuda_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert cli.main(["report", "--quick", "--out", str(tmp_path)]) == 0
+    assert "Kernel validation: no GPU" in (tmp_path / "report.md").read_text()
+
+
 def test_report_without_proofs_check(tmp_path, fake_family, monkeypatch):
     monkeypatch.setattr(cli, "FIGURES", [])
     monkeypatch.setattr(cli, "claims_runner", lambda: None)
