@@ -115,12 +115,14 @@ def store_tile(p, i_n, x, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 @triton.jit
 def koopman_kernel(
-    p_G, p_M, p_Cv, p_zq, p_scale, p_eta, p_gamma, p_v0, p_y, p_status, p_failed, p_L, p_A, p_sigma, p_Bv,
+    p_G, p_M, p_Cv, p_zq, p_scale, p_eta, p_gamma, p_v0, p_y, p_status, p_finite, p_failed, p_L, p_A, p_sigma, p_Bv,
     r, P, Q, K, power_iters, jitter, v0_stride, start,
     R: tl.constexpr, BP: tl.constexpr, BQ: tl.constexpr, STORE_INFO: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One program per system: Appendix F steps 4-10 (module docstring)."""
+    """One program per system: Appendix F steps 4-10 (module docstring). ``p_status`` gets the
+    factorisation's Status; ``p_finite`` 0 when every output is finite, NaN otherwise (the sum
+    of 0 x each, before a broken system's outputs are set to NaN)."""
     i_n = tl.program_id(0).to(tl.int64) + start
     o = tl.arange(0, R)
     m_r = o < r
@@ -163,15 +165,19 @@ def koopman_kernel(
     inv_scale = 1.0 / tl.load(p_scale + i_n)
     o_q = tl.arange(0, BQ)
     o_p = tl.arange(0, BP)
+    finite = tl.zeros([BQ], dtype=tl.float32)
     for q0 in range(0, Q, BQ):
         m_q = (q0 + o_q) < Q
         Zq = tl.load(p_zq + i_n * Q * r + (q0 + o_q)[:, None] * r + o[None, :], mask=m_q[:, None] & m_r[None, :],
                      other=0.0).to(tl.float32)
         Wq = mm(Zq * inv_scale, tl.trans(X), PREC)
         Y = mm(Wq, tl.trans(F), PREC)
+        m_y = m_q[:, None] & (o_p < P)[None, :]
+        finite += tl.sum(tl.where(m_y, Y * 0.0, 0.0), axis=1)
         Y = tl.where(usable, Y, float("nan"))
         ptr = p_y + i_n * Q * P + (q0 + o_q)[:, None] * P + o_p[None, :]
-        tl.store(ptr, stored(Y, p_y.dtype.element_ty), mask=m_q[:, None] & (o_p < P)[None, :])
+        tl.store(ptr, stored(Y, p_y.dtype.element_ty), mask=m_y)
+    tl.store(p_finite + i_n, tl.sum(finite, axis=0))
 
 
 # Autotuned on a GPU over the warps per system (the interpreter cannot time).
@@ -279,6 +285,7 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     G2, M2, C2, z2 = launch.flat(G, 2), launch.flat(stats.M, 2), launch.flat(stats.Cv, 2), launch.flat(zq, 2)
     y = launch.empty_out((N, Q, P), odt, dev)
     status = launch.empty_out((N,), torch.int32, dev)
+    finite = launch.empty_out((N,), torch.float32, dev)
     info = {}
     if return_info:
         info = {"failed": launch.empty_out((N,), torch.int32, dev), "L": launch.empty_out((N, r, r), G.dtype, dev),
@@ -287,7 +294,7 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     if N and r:
         R = launch.block(r)
         prec = PRECISIONS.index(input_precision)
-        args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status,
+        args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status, finite,
                 *(info[k] if return_info else status for k in ("failed", "L", "A", "sigma", "Bv")),
                 r, P, Q, K, power_iters, jitter, r if v0.shape[0] > 1 else 0)
         meta = dict(R=R, BP=launch.block(max(P, 1)), BQ=min(64 if R < 64 else 32, launch.block(max(Q, 1))), STORE_INFO=return_info,
@@ -299,15 +306,16 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
                 koopman_tuned[(n,)](*args, s, **meta)
     elif N:
         status.zero_()
-    return _finish(stats, zq, y.reshape(*batch, Q, P), status.reshape(batch), info, jitter, return_info, input_precision)
+        finite.zero_()
+    return _finish(stats, zq, y.reshape(*batch, Q, P), status.reshape(batch), finite.reshape(batch), info, jitter,
+                   return_info, input_precision)
 
 
-def _finish(stats, zq, y, status, info, jitter, return_info, input_precision):
+def _finish(stats, zq, y, status, finite, info, jitter, return_info, input_precision):
     """The reference's failure policy, with one synchronisation for the common case."""
     batch = stats.batch
     usable = status != int(Status.BREAKDOWN)
-    finite = torch.isfinite(y).flatten(len(batch)).all(-1) if y.numel() else torch.ones(batch, dtype=torch.bool, device=y.device)
-    nonfinite = usable & ~finite
+    nonfinite = usable & ~torch.isfinite(finite)
     flags = torch.stack([(~usable).any(), (status == int(Status.JITTERED)).any(), nonfinite.any()]).tolist() if status.numel() else [False] * 3
     broken, jittered, overflow = flags
     if overflow or broken:  # never a silent NaN from a NaN input
