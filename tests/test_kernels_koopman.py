@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import mpmath
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa: F401
 
@@ -92,6 +92,11 @@ def readout_excess(z, v, zq, dtype, *, K=2, eta=1.5, gamma=1.2, kernel=None, mod
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
 def test_readout_within_allowance_of_mpmath(seed, T, r, P, Q, K, eta, sign, gamma, dtype):
     z, v, zq = _data((2,), T=T, r=r, P=P, Q=Q, seed=seed)
+    # stored statistics on which float32 Cholesky provably runs to completion (Higham Thm 10.7,
+    # 20 n^{3/2} kappa u <= 1); bf16 statistics of fewer tokens than r can be indefinite, which
+    # test_statuses_and_failed_columns_match_reference covers
+    lam = torch.linalg.eigvalsh(koopman_statistics(z.to(dtype), v.to(dtype)).G.double())
+    assume(bool((lam[..., 0] > 0).all()) and bool((20 * r**1.5 * lam[..., -1] / lam[..., 0] * 2.0**-24 <= 1).all()))
     assert readout_excess(z, v, zq, dtype, K=K, eta=sign * eta, gamma=gamma) <= 1.0
 
 
