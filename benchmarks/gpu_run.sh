@@ -26,12 +26,12 @@ python3 -c "import sys, torch, triton; print(sys.version.split()[0], torch.__ver
 for what in "$@"; do
     case "$what" in
         tests)
-            timeout 300 python3 -m pytest tests/test_kernels_*.py -q -o addopts="" -m gpu -p no:cacheprovider \
+            timeout ${TESTS_TIMEOUT:-300} python3 -m pytest ${GPU_TESTS:-tests/test_kernels_*.py} -q -o addopts="" -m gpu -p no:cacheprovider \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
         bench)
-            timeout 420 python3 benchmarks/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+            timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
         fla)
-            timeout 240 python3 -m kernels.harness tests.fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla \
+            timeout ${FLA_TIMEOUT:-240} python3 -m kernels.harness tests.fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla \
                 --precision bfloat16 --model bfloat16/storage --examples 10 2>&1 | tee "$OUT/fla_harness.log" | tail -20 ;;
         *) echo "unknown step $what" ;;
     esac
