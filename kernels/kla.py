@@ -158,17 +158,33 @@ def channel_gram(p_x, p_y, p_g, base_k, base_g, t_i, t_j, m_i, m_j, H, DK: tl.co
 
 
 @triton.jit
-def invert_unit_lower(N):
-    """``(I + N)^{-1}`` of a strictly lower 16 x 16 block by forward substitution, row by row:
-    ``X_i = e_i - sum_{j<i} N_ij X_j`` (Higham Alg. 8.1 on the columns of I), float32."""
+def substitution_step(N, Y, i, o):
+    """Row i of ``Y = (I + N)^{-1} - I`` from the rows above it (forward substitution on the
+    columns of I, Higham Alg. 8.1): ``Y_i = -N_i - sum_{j<i} N_ij Y_j``."""
+    a = tl.sum(tl.where((o == i)[:, None], -N, 0.0), axis=0)
+    a = tl.where(o < i, a, 0.0)
+    a = a + tl.sum(a[:, None] * Y, axis=0)
+    return tl.where((o == i)[:, None], a[None, :], Y)
+
+
+@triton.jit
+def invert_diagonal_blocks(N0, N1, N2, N3, NB: tl.constexpr):
+    """``(I + N_b)^{-1}`` of the NB strictly lower 16 x 16 diagonal blocks by forward
+    substitution, float32, in one loop so that the independent substitutions overlap."""
     o = tl.arange(0, SUB)
-    Y = -N  # rows 0 and 1 of X - I are already -N
+    Y0 = -N0  # rows 0 and 1 of X - I are already -N
+    Y1 = -N1
+    Y2 = -N2
+    Y3 = -N3
     for i in range(2, SUB):
-        a = tl.sum(tl.where((o == i)[:, None], -N, 0.0), axis=0)
-        a = tl.where(o < i, a, 0.0)
-        a = a + tl.sum(a[:, None] * Y, axis=0)
-        Y = tl.where((o == i)[:, None], a[None, :], Y)
-    return Y + tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+        Y0 = substitution_step(N0, Y0, i, o)
+        if NB > 1:
+            Y1 = substitution_step(N1, Y1, i, o)
+        if NB > 2:
+            Y2 = substitution_step(N2, Y2, i, o)
+            Y3 = substitution_step(N3, Y3, i, o)
+    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    return Y0 + eye, Y1 + eye, Y2 + eye, Y3 + eye
 
 
 @triton.jit
@@ -329,12 +345,18 @@ def prepare_kernel(
 
     # (I + L)^{-1}: substitution on the diagonal blocks, then block forward substitution on the
     # columns of I, X_bc = -X_bb sum_{c<=m<b} L_bm X_mc; stored as X' = X diag(beta)
-    X00 = invert_unit_lower(b0[:, None] * L00)
+    N1 = z16
+    N2 = z16
+    N3 = z16
+    if NB > 1:
+        N1 = b1[:, None] * L11
+    if NB > 2:
+        N2 = b2[:, None] * L22
+        N3 = b3[:, None] * L33
+    X00, X11, X22, X33 = invert_diagonal_blocks(b0[:, None] * L00, N1, N2, N3, NB)
     store_block(p_A, base_a, 0, 0, X00 * b0[None, :], C)
     if NB > 1:
-        L10 = b1[:, None] * L10
-        X11 = invert_unit_lower(b1[:, None] * L11)
-        X10 = -mm_ieee(X11, mm_ieee(L10, X00))
+        X10 = -mm_ieee(X11, mm_ieee(b1[:, None] * L10, X00))
         store_block(p_A, base_a, 0, 1, z16, C)
         store_block(p_A, base_a, 1, 0, X10 * b0[None, :], C)
         store_block(p_A, base_a, 1, 1, X11 * b1[None, :], C)
@@ -344,8 +366,6 @@ def prepare_kernel(
         L30 = b3[:, None] * L30
         L31 = b3[:, None] * L31
         L32 = b3[:, None] * L32
-        X22 = invert_unit_lower(b2[:, None] * L22)
-        X33 = invert_unit_lower(b3[:, None] * L33)
         X21 = -mm_ieee(X22, mm_ieee(L21, X11))
         X20 = -mm_ieee(X22, mm_ieee(L20, X00) + mm_ieee(L21, X10))
         X32 = -mm_ieee(X33, mm_ieee(L32, X22))
