@@ -105,9 +105,11 @@ def test_matches_chunkwise_reference_within_bound(case, model):
 
 @pytest.mark.parametrize("dtype,precision", [(torch.float32, "ieee"), (torch.bfloat16, "bf16")])
 def test_matches_tokenwise_reference_on_hard_sizes(dtype, precision):
-    # T % C != 0, d_k != d_v, per-channel decay, near-zero and zero keys with eps = 0, GDN,
-    # unnormalised queries; bound: kla_kernel_bound + kla_tokenwise_bound(float32) + u(out) ||o||
+    # T % C != 0, d_k != d_v, keys read in several slices (d_k = 64), full-width tiles
+    # (d_v = 128), per-channel decay, near-zero and zero keys with eps = 0, GDN, unnormalised
+    # queries; bound: kla_kernel_bound + kla_tokenwise_bound(float32) + u(out) ||o||
     hard = [kla_case(37, B=2, H=1, d_k=20, d_v=7, chunk_size=16, seed=1),
+            kla_case(40, B=1, H=1, d_k=64, d_v=128, chunk_size=32, seed=6),
             kla_case(45, B=1, H=2, d_k=6, d_v=17, chunk_size=32, per_channel=True, alpha=(0.2, 1.0), seed=2),
             kla_case(19, B=1, H=1, d_k=5, d_v=3, chunk_size=16, near_zero_keys=3, zero_keys=1, eps=0.0, seed=3),
             kla_case(70, B=1, H=1, d_k=16, d_v=16, chunk_size=64, key_norms=(1.0, 1.0), coefficient="gdn", seed=4)]
