@@ -479,13 +479,14 @@ def _recurrence_configs():
 
 
 def _prune(configs, named_args, **kwargs):
-    """The float32 products spill at D = 128 whatever the tile (scripts/compile_sm90.py): tune
-    them over the two smallest tiles only ("tf32x3", "tf32") or take the smallest ("ieee"),
-    which spares minutes of compilation."""
-    if kwargs["PREC"] == PRECISIONS["bf16"]:
-        return configs
+    """Configurations worth a compilation: all four for per-head decay in the bf16 model (the
+    fast path); the float32 products spill at D = 128 whatever the tile
+    (scripts/compile_sm90.py), so "tf32x3" / "tf32" try the two smallest tiles and "ieee" and
+    per-channel decay (CUDA-core elementwise decays) take the smallest."""
     small = [c for c in configs if c.kwargs["BV"] <= 32 and c.num_warps == 4]
-    return small[:1] if kwargs["PREC"] == PRECISIONS["ieee"] else small
+    if kwargs["PER_CHANNEL"] or kwargs["PREC"] == PRECISIONS["ieee"]:
+        return small[:1]
+    return configs if kwargs["PREC"] == PRECISIONS["bf16"] else small
 
 
 # Autotuned on a GPU (the interpreter cannot time); keyed on everything that shapes the work.
