@@ -50,7 +50,7 @@ def test_chebyshev_float32_result_matches_reference():
 
 def test_return_info_matches_reference_history():
     P = solvers.fig1a_problems(B=1, T=3, heads=1, D=7, a=0.05, seed=1)
-    H, q = P.A.to(torch.bfloat16), P.q.to(torch.bfloat16)
+    H, q = P.A.to(torch.bfloat16).to(DEVICE), P.q.to(torch.bfloat16).to(DEVICE)
     x, info = kernels.chebyshev(H, q, L=P.L, mu=P.mu, iters=6, return_info=True, out_dtype=torch.float32)
     xr, ref = solvers.chebyshev(H.float(), q.float(), L=P.L, mu=P.mu, iters=6, return_info=True)
     assert info.iterates.shape == ref.iterates.shape and info.residual_norms.shape == ref.residual_norms.shape
