@@ -41,13 +41,13 @@ model, step by step as written here.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import triton
 import triton.language as tl
 
 from solvers import _validate as check
+from solvers.kla import broadcast_gate, nonnegative
 
 from . import _launch as launch
 from ._matvec import INTERPRETED, stored
@@ -513,37 +513,6 @@ def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Ten
     return la.reshape(N, NT, C, *la.shape[2:]).cumsum(2).reshape(N, NT * C, *la.shape[2:]).contiguous()
 
 
-def _eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
-    if not (0.0 <= float(eps) < math.inf):
-        raise ValueError(f"eps must be a finite float >= 0, got {eps}")
-    return float(eps)
-
-
-def _gate(name: str, x, head_shape, channel_shape, like: torch.Tensor):
-    """A gate (float or tensor) broadcast to ``head_shape`` or, with as many dimensions as
-    ``channel_shape``, per channel; rounded to ``like``'s dtype (the inputs "as rounded").
-    Values are checked by :func:`_gates_invalid`."""
-    if isinstance(x, bool):
-        raise TypeError(f"{name} must be a float or a tensor, got bool")
-    if isinstance(x, numbers.Real):
-        x = torch.tensor(float(x), dtype=torch.float64, device=like.device)
-    elif isinstance(x, torch.Tensor):
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-    else:
-        raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
-    per_channel = channel_shape is not None and x.ndim == len(channel_shape)
-    target = channel_shape if per_channel else head_shape
-    try:
-        out = torch.broadcast_to(x.to(like.device), target)
-    except RuntimeError:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, which does not broadcast to {tuple(head_shape)}"
-                         + (f" or per channel {tuple(channel_shape)}" if channel_shape is not None else "")) from None
-    return out.to(like.dtype), per_channel
-
-
 def _gates_invalid(alpha: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
     """A device flag: some gate is not finite, or ``0 < alpha <= 1``, ``eta >= 0`` fails after
     rounding (read with the result's finiteness, in one synchronisation)."""
@@ -634,7 +603,7 @@ def kla_chunkwise(
     if not isinstance(return_final_state, bool):
         raise TypeError(f"return_final_state must be a bool, got {type(return_final_state).__name__}")
     launch.bf16_mode(bf16_mode)
-    eps = _eps(eps)
+    eps = nonnegative("eps", eps)
     q = launch.tensor("q", q, min_ndim=3)
     k = launch.tensor("k", k, min_ndim=3)
     v = launch.tensor("v", v, min_ndim=3)
@@ -652,8 +621,8 @@ def kla_chunkwise(
         launch.dimension(name, d)
     prec = _precision(input_precision, q.dtype)
     odt = launch.out_dtype(out_dtype, q.dtype)
-    alpha_t, per_channel = _gate("alpha", alpha, k.shape[:-1], k.shape, k)
-    eta_t, _ = _gate("eta", eta, k.shape[:-1], None, k)
+    alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k, check_finite=False)
+    eta_t, _ = broadcast_gate("eta", eta, k.shape[:-1], None, k, check_finite=False)
     gates_invalid = _gates_invalid(alpha_t, eta_t)
     if initial_state is not None:
         S0 = launch.tensor("initial_state", initial_state, min_ndim=3)

@@ -154,9 +154,9 @@ def kaczmarz_coefficient(k, eta, *, eps: float = 1e-6, coefficient: str = "kaczm
     k = check.tensor("k", k, min_ndim=1)
     ar = Arith(k.dtype, check.bf16_mode(bf16_mode))
     coefficient = _coefficient(coefficient)
-    eta_t = _gate("eta", eta, k.shape[:-1], None, k)[0]
+    eta_t = broadcast_gate("eta", eta, k.shape[:-1], None, k)[0]
     _check_range("eta", eta_t, low=0.0, low_open=False)
-    return _beta(k, None, eta_t, _nonnegative("eps", eps), coefficient, ar)
+    return _beta(k, None, eta_t, nonnegative("eps", eps), coefficient, ar)
 
 
 def kla_chunk_system(k, v, beta, alpha, initial_state, *, bf16_mode: str = "storage"):
@@ -264,10 +264,10 @@ def _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_que
     if not isinstance(normalize_queries, bool):
         raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
     ar = Arith(q.dtype, check.bf16_mode(bf16_mode))
-    eps = _nonnegative("eps", eps)
-    alpha_t, per_channel = _gate("alpha", alpha, k.shape[:-1], k.shape, k)
+    eps = nonnegative("eps", eps)
+    alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k)
     _check_range("alpha", alpha_t, low=0.0, low_open=True, high=1.0)
-    eta_t = _gate("eta", eta, k.shape[:-1], None, k)[0]
+    eta_t = broadcast_gate("eta", eta, k.shape[:-1], None, k)[0]
     _check_range("eta", eta_t, low=0.0, low_open=False)
     *lead, T, H, d_k = k.shape
     d_v = v.shape[-1]
@@ -298,7 +298,8 @@ def _coefficient(c) -> str:
     return c
 
 
-def _nonnegative(name: str, v) -> float:
+def nonnegative(name: str, v) -> float:
+    """A finite float >= 0 (eps and friends), else an error naming ``name``."""
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(v).__name__}")
     if not (0.0 <= float(v) < float("inf")):
@@ -306,9 +307,12 @@ def _nonnegative(name: str, v) -> float:
     return float(v)
 
 
-def _gate(name, x, head_shape, channel_shape, like: torch.Tensor):
+def broadcast_gate(name, x, head_shape, channel_shape, like: torch.Tensor, *, check_finite: bool = True):
     """A per-token gate as a tensor in ``like``'s dtype: ``(head_shape)`` or, when ``x`` has as
-    many dimensions as ``channel_shape``, per channel. Returns ``(tensor, per_channel)``."""
+    many dimensions as ``channel_shape``, per channel. Returns ``(tensor, per_channel)``.
+
+    ``check_finite=False`` skips the scan for NaN/Inf: the kernels check gates in-kernel and
+    read one flag instead of synchronising on a separate pass."""
     if isinstance(x, bool):
         raise TypeError(f"{name} must be a float or a tensor, got bool")
     if isinstance(x, numbers.Real):
@@ -318,7 +322,8 @@ def _gate(name, x, head_shape, channel_shape, like: torch.Tensor):
             raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
     else:
         raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
-    check.finite(name, x)
+    if check_finite:
+        check.finite(name, x)
     per_channel = channel_shape is not None and x.ndim == len(channel_shape)
     target = channel_shape if per_channel else head_shape
     try:
@@ -448,7 +453,7 @@ def _chunk_args(k, v, alpha, S0, bf16_mode):
     ar = Arith(k.dtype, check.bf16_mode(bf16_mode))
     if v is not None:
         v = check.tensor("v", v, min_ndim=2)
-    alpha_t, per_channel = _gate("alpha", alpha, k.shape[:-1], k.shape, k)
+    alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k)
     _check_range("alpha", alpha_t, low=0.0, low_open=True, high=1.0)
     if S0 is not None:
         S0 = check.tensor("initial_state", S0, min_ndim=2)
