@@ -16,6 +16,15 @@ Family-specific fields (``VerificationRow`` docs give the generic meaning):
   recurrence and by eq. (5); forward_error = rounding = ``max_t |f_hat - f*| / f*`` at the worst
   token relative to ``naive_frobenius_bound`` / ``chunk_frobenius_bound`` (over f*); no
   truncation, no backward error (NaN).
+* ``gka_grad/<dq|dk|dv|dg>`` (float64, float32): gradients of ``sum_t <dy_t, y_t>`` through the
+  exact layer. In float64 the implicit formulas (``solvers.gka_grad``: eq. (6), Lemma 1 / (7) with
+  recursions (8)-(9), appendix (22) for dg) against autograd through the float64 layer; in float32
+  autograd through the float32 layer against the float64 implicit gradients of the same
+  (float32-rounded) inputs. forward_error = rounding = ``||g - g_ref|| / ||g_scale||`` (g_scale:
+  the reference gradient; for dg, which cancels, ``GKAGrads.dg_scale``); rounding_bound = the
+  GRAD bound of ``tests/test_gka_gradients.py``, ``8 kappa^2 (T + D + Dv) u`` with
+  ``kappa = (1 + a)/a`` (eq. (4)). No mpmath gradient reference: the float64 one is itself within
+  the float64 row's bound, u64/u32 ~ 2e-9 of the float32 rows' bound. Truncation, backward error NaN.
 """
 
 from __future__ import annotations
@@ -23,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from analysis import gka_reference as ref
-from analysis.precision import PRECISIONS
+from analysis.precision import ALLOWANCE_C, PRECISIONS
 from analysis.strategies.gka import gka_case
 from solvers.gka import gka_layer
 from solvers.gka_chunk import chunkwise_frobenius
+from solvers.gka_grad import gka_autograd_grads, gka_implicit_grads
 
 from .row import VerificationRow
 
@@ -34,6 +44,7 @@ NAN = float("nan")
 F64 = torch.float64
 VARIANTS = (("exact", None), ("chebyshev", 10), ("cg", 3))  # CG r < D: exact termination would hide truncation
 CHUNK = 3
+GRAD_NAMES = ("dq", "dk", "dv", "dg")
 
 
 def _worst(measured: torch.Tensor, bound: torch.Tensor) -> tuple:
@@ -92,6 +103,41 @@ def _frobenius_rows(case, ar, problem: str) -> list:
     return rows
 
 
+def _float32_autograd(case, dy) -> dict:
+    """Gradients by autograd through the layer run in the inputs' (float32) precision."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (case.q, case.k, case.v, case.g)]
+    with torch.enable_grad():
+        y = gka_layer(*leaves[:3], a=case.a, g=leaves[3], beta=case.beta)
+        grads = torch.autograd.grad((y * dy.to(y.dtype)).sum(), leaves)
+    return {n: t.to(F64) for n, t in zip(GRAD_NAMES, grads)}
+
+
+def _grad_rows(case, ar, problem: str) -> list:
+    T, D = case.k.shape[-2:]
+    Dv = case.v.shape[-1]
+    kappa = (1 + case.a) / case.a  # eq. (4)
+    dy = torch.randn(case.v.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
+    imp = gka_implicit_grads(case.q, case.k, case.v, dy, **case.kwargs())
+    if ar.dtype == F64:
+        auto = gka_autograd_grads(case.q, case.k, case.v, dy, **case.kwargs())
+        got, ref, how = {n: getattr(imp, n) for n in GRAD_NAMES}, auto, "implicit vs autograd, float64"
+    else:
+        got, ref, how = _float32_autograd(case, dy), imp, "float32 autograd vs float64 implicit"
+    bound = ALLOWANCE_C * kappa**2 * (T + D + Dv) * ar.u_acc  # GRAD bound (tests/test_gka_gradients.py)
+    rows = []
+    for name in GRAD_NAMES:
+        r = getattr(ref, name)
+        scale = float((imp.dg_scale if name == "dg" else r).norm())
+        err = float((got[name] - r).norm()) / scale
+        rows.append(VerificationRow(
+            solver=f"gka_grad/{name}", precision=ar.label, problem=problem, n=D, kappa=kappa, iters=None,
+            forward_error=err, backward_error=NAN, truncation=NAN, truncation_bound=NAN,
+            rounding=err, rounding_bound=bound,
+            notes=f"{how}; normwise over ||g_scale|| vs GRAD bound 8 kappa^2 (T + D + Dv) u",
+        ))
+    return rows
+
+
 def rows(quick: bool) -> list:
     T, D, Dv = (6, 4, 3) if quick else (8, 6, 4)
     base = gka_case(T=T, D=D, Dv=Dv, a=0.1, regime="moderate", seed=0)
@@ -101,4 +147,6 @@ def rows(quick: bool) -> list:
         case = base.to(ar.dtype)
         out += _layer_rows(case, ar, problem)
         out += _frobenius_rows(case, ar, problem)
+        if ar.dtype in (F64, torch.float32):  # the implicit gradients are a float64 reference
+            out += _grad_rows(case, ar, problem)
     return out
