@@ -38,7 +38,7 @@ from typing import Optional
 
 from . import verification
 from .figures import FIGURES
-from .verification.row import VerificationRow
+from .verification.row import VerificationRow, within
 
 DEFAULT_OUT = pathlib.Path("reports")
 
@@ -78,7 +78,7 @@ def _allowance_applies(row: VerificationRow) -> bool:
 
 
 def _has_running_bound(row: VerificationRow) -> bool:
-    return math.isfinite(row.running_bound) and not math.isnan(row.running_ratio)
+    return math.isfinite(row.running_bound)  # a NaN ratio against it then fails
 
 
 def verdict(row: VerificationRow) -> str:
@@ -89,11 +89,13 @@ def verdict(row: VerificationRow) -> str:
     rigorous bound of the run itself, so it is checked whenever the row has one, and it is a
     guarantee where it is < 1. "no guarantee" only where neither bound says anything.
     """
-    if row.truncation > row.truncation_bound:
+    if math.isnan(row.forward_error):
+        return "FAILS (non-finite result)"
+    if not within(row.truncation, row.truncation_bound):
         return "FAILS (truncation)"
-    if _allowance_applies(row) and row.rounding > row.rounding_bound:
+    if _allowance_applies(row) and not within(row.rounding, row.rounding_bound):
         return "FAILS (rounding)"
-    if row.running_ratio > 1.0:  # NaN (no running bound): no claim
+    if _has_running_bound(row) and not within(row.running_ratio, 1.0):
         return "FAILS (running bound)"
     if _allowance_applies(row):
         return "holds"

@@ -55,3 +55,21 @@ def test_printed_appendix15_sign_fails_dk_row(monkeypatch):
     rows = {(r.solver, r.precision): r for r in gka.rows(quick=True) if r.solver.startswith("gka_grad/")}
     assert not rows[("gka_grad/dk", "float64")].holds and not rows[("gka_grad/dk", "float32")].holds
     assert rows[("gka_grad/dq", "float64")].holds and rows[("gka_grad/dv", "float64")].holds
+
+
+def test_a_nan_measurement_never_passes():
+    """A NaN measured value against a real bound fails, in the row and in the printed verdict;
+    a NaN bound (no claim) does not."""
+    import dataclasses
+
+    from analysis.cli import verdict
+    from analysis.verification.gates import rows
+
+    row = rows(quick=True)[0]
+    assert row.holds and verdict(row).startswith("holds")
+    broken = dataclasses.replace(row, rounding=float("nan"))
+    assert not broken.holds and verdict(broken).startswith("FAILS")
+    nan_result = dataclasses.replace(row, forward_error=float("nan"))
+    assert not nan_result.holds and verdict(nan_result).startswith("FAILS")
+    no_claim = dataclasses.replace(row, rounding=float("nan"), rounding_bound=float("nan"))
+    assert no_claim.holds

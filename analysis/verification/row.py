@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -44,12 +46,23 @@ class VerificationRow:
 
     @property
     def holds(self) -> bool:
-        ok_t = not (self.truncation > self.truncation_bound)
-        ok_r = not (self.rounding > self.rounding_bound)
-        ok_run = not (self.running_ratio > 1.0)  # NaN (no running bound): no claim
+        """Every measured value within its bound. A NaN bound means no claim is made; a NaN
+        measurement against a real bound fails (a NaN never passes), as does a NaN result."""
+        if math.isnan(self.forward_error):
+            return False
+        ok_t = within(self.truncation, self.truncation_bound)
+        ok_r = within(self.rounding, self.rounding_bound)
+        ok_run = math.isnan(self.running_bound) or within(self.running_ratio, 1.0)
         return ok_t and ok_r and ok_run
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["holds"] = self.holds
         return d
+
+
+def within(measured: float, bound: float) -> bool:
+    """``measured <= bound``; a NaN bound makes no claim, a NaN measurement never passes."""
+    if math.isnan(bound):
+        return True
+    return not math.isnan(measured) and measured <= bound
