@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from solvers import _validate as check
-from solvers.kla import broadcast_gate, nonnegative
+from solvers.kla import broadcast_gate, check_qkv, nonnegative
 
 from . import _launch as launch
 from ._matvec import INTERPRETED, stored
@@ -607,12 +607,7 @@ def kla_chunkwise(
     q = launch.tensor("q", q, min_ndim=3)
     k = launch.tensor("k", k, min_ndim=3)
     v = launch.tensor("v", v, min_ndim=3)
-    check.same_kind("k", k, "q", q)
-    check.same_kind("v", v, "q", q)
-    if k.shape != q.shape:
-        raise ValueError(f"q and k must have the same shape (..., T, H, d_k), got {tuple(q.shape)} and {tuple(k.shape)}")
-    if v.shape[:-1] != k.shape[:-1]:
-        raise ValueError(f"v must be (..., T, H, d_v) with the (..., T, H) of k {tuple(k.shape[:-1])}, got {tuple(v.shape)}")
+    check_qkv(q, k, v)
     *lead, T, H, DK = k.shape
     DV = v.shape[-1]
     for name, d in (("k", DK), ("v", DV)):

@@ -250,16 +250,21 @@ class _Prepared:
     arith: Arith
 
 
-def _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, bf16_mode) -> _Prepared:
-    q = check.tensor("q", q, min_ndim=3)
-    k = check.tensor("k", k, min_ndim=3)
-    v = check.tensor("v", v, min_ndim=3)
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """q, k ``(..., T, H, d_k)`` and v ``(..., T, H, d_v)`` of one dtype and device (fla's layout)."""
     check.same_kind("k", k, "q", q)
     check.same_kind("v", v, "q", q)
     if k.shape != q.shape:
         raise ValueError(f"q and k must have the same shape (..., T, H, d_k), got {tuple(q.shape)} and {tuple(k.shape)}")
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"v must be (..., T, H, d_v) with the (..., T, H) of k {tuple(k.shape[:-1])}, got {tuple(v.shape)}")
+
+
+def _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, bf16_mode) -> _Prepared:
+    q = check.tensor("q", q, min_ndim=3)
+    k = check.tensor("k", k, min_ndim=3)
+    v = check.tensor("v", v, min_ndim=3)
+    check_qkv(q, k, v)
     coefficient = _coefficient(coefficient)
     if not isinstance(normalize_queries, bool):
         raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
