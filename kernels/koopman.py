@@ -34,7 +34,7 @@ import triton.language as tl
 from solvers import _validate as check
 from solvers._info import Status
 from solvers.cholesky import DEFAULT_JITTER, CholeskyError, CholeskyInfo, JitterWarning
-from solvers.koopman import GAMMA_RANGE, POWER_ITERS, KoopmanInfo, KoopmanStatistics
+from solvers.koopman import GAMMA_RANGE, POWER_ITERS, KoopmanInfo, KoopmanStatistics, check_query_shape
 
 from . import _launch as launch
 from ._matvec import stored
@@ -222,14 +222,8 @@ def _stats(stats) -> KoopmanStatistics:
 
 
 def _queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
-    zq = launch.tensor("zq", zq, min_ndim=2)
-    check.same_kind("zq", zq, "stats.G", stats.G)
-    r = stats.G.shape[-1]
-    if zq.shape[-1] != r:
-        raise ValueError(f"zq must have shape (*batch, Q, {r}), got {tuple(zq.shape)}")
-    if tuple(zq.shape[:-2]) != tuple(stats.batch):
-        raise ValueError(f"zq must have shape (*batch, Q, r) with batch = {tuple(stats.batch)} of the statistics, "
-                         f"got {tuple(zq.shape)}")
+    zq = launch.tensor("zq", zq, min_ndim=2)  # finiteness: checked in the kernel's flag
+    check_query_shape(stats, zq)
     return zq
 
 

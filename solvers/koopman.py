@@ -527,6 +527,12 @@ def _check_stats(stats) -> KoopmanStatistics:
 
 def _check_queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
     zq = check.tensor("zq", zq, min_ndim=2)
+    check_query_shape(stats, zq)
+    return zq
+
+
+def check_query_shape(stats: KoopmanStatistics, zq: torch.Tensor) -> None:
+    """Queries ``(*batch, Q, r)`` matching the statistics' batch, r, dtype and device."""
     check.same_kind("zq", zq, "stats.G", stats.G)
     r = stats.G.shape[-1]
     if zq.shape[-1] != r:
@@ -535,7 +541,6 @@ def _check_queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
         raise ValueError(
             f"zq must have shape (*batch, Q, r) with batch = {tuple(stats.batch)} of the statistics, got {tuple(zq.shape)}"
         )
-    return zq
 
 
 def _factor_gram(stats: KoopmanStatistics, jitter: float, return_info: bool):
