@@ -17,6 +17,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from analysis.gates_mp import exact_gate_functions
 from analysis.precision import PRECISIONS
 from analysis.strategies.gates import log_gate_sequences, pre_activations
 from solvers.gates import (
@@ -35,40 +36,6 @@ OPS = 16  # see module docstring
 DPS = 50
 
 
-def _mp_funcs(gate):
-    """Exact (mpmath) value, derivative, complement, log value, log derivative of a gate."""
-    if isinstance(gate, BalancedGate):
-        a, b = mpmath.mpf(gate.a), mpmath.mpf(gate.b)
-
-        def val(z):
-            return max(mpmath.mpf(0), 1 - 1 / (a * z * z + b))
-
-        def der(z):
-            return 2 * a * z / (a * z * z + b) ** 2 if val(z) > 0 else mpmath.mpf(0)
-
-    else:
-
-        def val(z):
-            return 1 - mpmath.exp(-mpmath.log(1 + mpmath.exp(z))) if isinstance(gate, SoftplusGate) else 1 / (1 + mpmath.exp(-z))
-
-        def der(z):
-            s = 1 / (1 + mpmath.exp(-z))
-            return s * (1 - s)
-
-    def comp(z):
-        return 1 - val(z)
-
-    def logv(z):
-        v = val(z)
-        return mpmath.log(v) if v > 0 else -mpmath.inf
-
-    def logd(z):
-        v = val(z)
-        return der(z) / v if v > 0 else mpmath.mpf(0)
-
-    return {"value": val, "derivative": der, "complement": comp, "log_value": logv, "log_derivative": logd}
-
-
 def _rel(x: float, ref) -> float:
     if ref == 0:
         return abs(x)
@@ -83,7 +50,7 @@ GATE_IDS = ["sigmoid", "softplus", "balanced", "balanced-a0.5-b2"]
 @pytest.mark.parametrize("arith", PRECISIONS, ids=lambda a: a.label)
 def test_gate_functions_match_mpmath(gate, arith):
     zs = torch.tensor([-30.0, -8.0, -1.5, -0.3, 0.02, 0.7, 3.0, 9.0, 35.0], dtype=F64).to(arith.dtype)
-    exact = _mp_funcs(gate)
+    exact = exact_gate_functions(gate)
     bound = OPS * arith.u_acc + arith.u_store  # OPS bound
     with mpmath.workdps(DPS):
         for name, ref in exact.items():
@@ -150,7 +117,7 @@ def test_log_form_keeps_gates_near_zero(z):
 def test_log_form_keeps_gates_near_one(gate, z):
     """For 1 - gamma < u the stored gamma is 1 and log(gamma) = 0; log_value and complement keep it."""
     zt = torch.tensor([z], dtype=torch.float32)
-    f = _mp_funcs(gate)
+    f = exact_gate_functions(gate)
     with mpmath.workdps(DPS):  # at the stored (float32) z
         comp, logv = f["complement"](mpmath.mpf(float(zt))), f["log_value"](mpmath.mpf(float(zt)))
     assert _rel(float(gate.complement(zt)), comp) <= OPS * 2.0**-24  # OPS bound, float32
@@ -311,6 +278,6 @@ def test_unstable_derivative_form_fails_near_one():
     z = torch.tensor([40.0], dtype=F64)
     s = SigmoidGate().value(z)
     with mpmath.workdps(DPS):
-        exact = _mp_funcs(SigmoidGate())["derivative"](mpmath.mpf(40))
+        exact = exact_gate_functions(SigmoidGate())["derivative"](mpmath.mpf(40))
     assert _rel(float(s * (1 - s)), exact) == 1.0
     assert _rel(float(SigmoidGate().derivative(z)), exact) <= OPS * 2.0**-53

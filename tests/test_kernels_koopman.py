@@ -31,6 +31,7 @@ from analysis.mp import to_mp
 from analysis.precision import allowance_applies, rounding_allowance
 from kernels import _launch
 from solvers import Arith, CholeskyError, JitterWarning, KoopmanStatistics, Status, koopman_statistics, unit_roundoff
+from koopman_support import ar1_data
 
 pytestmark = needs_triton_device
 F64 = torch.float64
@@ -38,19 +39,6 @@ F32 = Arith(torch.float32)
 # "tf32x3" products: operands split into two tf32 pieces, the lo x lo product dropped; taken as
 # float32 accumulation on operands carrying 2^-19 relative error (docs/kernels.md, "Koopman").
 TF32X3 = SimpleNamespace(u_acc=2.0**-19, u_store=2.0**-24)
-
-
-def _data(batch=(), T=24, r=6, P=3, Q=4, seed=0, dyn=0.8):
-    """Keys with AR(1) dynamics and uneven norms, Gaussian values and queries (float64)."""
-    g = torch.Generator().manual_seed(seed)
-    e = torch.randn(*batch, T, r, generator=g, dtype=F64)
-    z = e.clone()
-    for t in range(1, T):
-        z[..., t, :] = dyn * z[..., t - 1, :] + e[..., t, :]
-    z = z * (0.3 + torch.rand(*batch, T, 1, generator=g, dtype=F64))
-    v = torch.randn(*batch, T, P, generator=g, dtype=F64)
-    zq = torch.randn(*batch, Q, r, generator=g, dtype=F64)
-    return z, v, zq
 
 
 def _to(stats, device):
@@ -91,7 +79,7 @@ def readout_excess(z, v, zq, dtype, *, K=2, eta=1.5, gamma=1.2, kernel=None, mod
        K=st.integers(0, 3), eta=st.floats(0.25, 2.0), sign=st.sampled_from([-1.0, 1.0]), gamma=st.floats(1.0, 1.5),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]))
 def test_readout_within_allowance_of_mpmath(seed, T, r, P, Q, K, eta, sign, gamma, dtype):
-    z, v, zq = _data((2,), T=T, r=r, P=P, Q=Q, seed=seed)
+    z, v, zq = ar1_data(batch=(2,), T=T, r=r, P=P, Q=Q, seed=seed)
     # stored statistics on which float32 Cholesky provably runs to completion (Higham Thm 10.7,
     # 20 n^{3/2} kappa u <= 1); bf16 statistics of fewer tokens than r can be indefinite, which
     # test_statuses_and_failed_columns_match_reference covers
@@ -103,13 +91,13 @@ def test_readout_within_allowance_of_mpmath(seed, T, r, P, Q, K, eta, sign, gamm
 @pytest.mark.parametrize("r,P,Q", [(16, 16, 17), (20, 7, 3), (33, 5, 2)], ids=["r16-Q17", "r20", "r33-padded"])
 def test_readout_within_allowance_at_block_edges(r, P, Q):
     # padded blocks (r = 20, 33), more queries than one block (Q = 17 > 16)
-    z, v, zq = _data((1,), T=3 * r, r=r, P=P, Q=Q, seed=r)
+    z, v, zq = ar1_data(batch=(1,), T=3 * r, r=r, P=P, Q=Q, seed=r)
     assert readout_excess(z, v, zq, torch.float32) <= 1.0
 
 
 def test_cholesky_factor_within_higham_10_3():
     for dtype in (torch.float32, torch.bfloat16):
-        z, v, zq = _data((2,), T=20, r=7, seed=3)
+        z, v, zq = ar1_data(batch=(2,), T=20, r=7, seed=3)
         stats = koopman_statistics(z.to(dtype), v.to(dtype))
         _, info = kernels.koopman_readout(_to(stats, DEVICE), zq.to(dtype).to(DEVICE), return_info=True)
         arith = F32 if dtype == torch.float32 else Arith(torch.bfloat16, "storage")
@@ -119,7 +107,7 @@ def test_cholesky_factor_within_higham_10_3():
 
 
 def test_info_matches_reference():
-    z, v, zq = _data((3,), T=30, r=5, P=4, seed=4)
+    z, v, zq = ar1_data(batch=(3,), T=30, r=5, P=4, seed=4)
     stats = koopman_statistics(z.float(), v.float())
     y, info = kernels.koopman_readout(_to(stats, DEVICE), zq.float().to(DEVICE), K=2, gamma=1.3, return_info=True)
     yr, ref = solvers.koopman_readout(stats, zq.float(), K=2, gamma=1.3, return_info=True)
@@ -172,7 +160,7 @@ def _wrap(transform):
 
 @pytest.mark.parametrize("variant", ["transposed M", "query not normalised", "K off by one", "skips last system"])
 def test_broken_readouts_fail(variant):
-    z, v, zq = _data((2,), T=24, seed=12)
+    z, v, zq = ar1_data(batch=(2,), T=24, seed=12)
     assert readout_excess(z, v, zq, torch.float32) <= 1.0
     if variant == "transposed M":
         kernel = _wrap(lambda s: KoopmanStatistics(s.G, s.M.mT.contiguous(), s.Cv, s.scale, s.eps))
@@ -193,7 +181,7 @@ def test_broken_readouts_fail(variant):
 
 
 def test_errors_name_the_argument():
-    z, v, zq = _data((2,), T=8)
+    z, v, zq = ar1_data(batch=(2,), T=8)
     s = _to(koopman_statistics(z.float(), v.float()), DEVICE)
     q = zq.float().to(DEVICE)
     with pytest.raises(TypeError, match="stats must be KoopmanStatistics"):
@@ -225,7 +213,7 @@ def test_errors_name_the_argument():
 
 
 def test_inputs_unchanged_empty_launches_and_v0():
-    z, v, zq = _data((3,), T=12, r=5, P=2, Q=3, seed=6)
+    z, v, zq = ar1_data(batch=(3,), T=12, r=5, P=2, Q=3, seed=6)
     stats = _to(koopman_statistics(z.float(), v.float()), DEVICE)
     q = zq.float().to(DEVICE)
     copies = [x.clone() for x in (stats.G, stats.M, stats.Cv, stats.scale, q)]

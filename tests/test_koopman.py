@@ -22,6 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import solvers.koopman as sk
+from koopman_support import ar1_data
 from analysis import koopman_mp as km
 from analysis.mp import to_mp
 from analysis.precision import PRECISIONS, allowance_applies, rounding_allowance
@@ -47,19 +48,6 @@ from solvers import (
 F64 = torch.float64
 IDS = [a.label for a in PRECISIONS]
 U64 = 2.0**-53
-
-
-def _data(T=24, r=6, P=3, Q=4, batch=(), seed=0, dyn=0.8):
-    """Keys with AR(1) dynamics and uneven norms, Gaussian values and queries (float64)."""
-    g = torch.Generator().manual_seed(seed)
-    e = torch.randn(*batch, T, r, generator=g, dtype=F64)
-    z = e.clone()
-    for t in range(1, T):
-        z[..., t, :] = dyn * z[..., t - 1, :] + e[..., t, :]
-    z = z * (0.3 + torch.rand(*batch, T, 1, generator=g, dtype=F64))
-    v = torch.randn(*batch, T, P, generator=g, dtype=F64)
-    zq = torch.randn(*batch, Q, r, generator=g, dtype=F64)
-    return z, v, zq
 
 
 def _cast(ar, *xs):
@@ -90,7 +78,7 @@ def _mp_stats_tensors(z, v, mask=None, scale=None, eps=1e-3):
 @pytest.mark.parametrize("masked", [False, True], ids=["prefix", "masked"])
 def test_statistics_against_mpmath(ar, masked):
     T, r = 20, 5
-    z, v, _ = _cast(ar, *_data(T=T, r=r, batch=(2,), seed=1))
+    z, v, _ = _cast(ar, *ar1_data(T=T, r=r, batch=(2,), seed=1))
     mask = (torch.arange(T) % 5 != 2).expand(2, T).clone() if masked else None
     mask_arg = None if mask is None else mask
     s = koopman_statistics(z, v, mask=mask_arg, bf16_mode=ar.mode)
@@ -104,7 +92,7 @@ def test_statistics_against_mpmath(ar, masked):
 
 def test_masked_contiguous_block_equals_prefix_of_the_block():
     """A mask selecting positions [a, b) gives the prefix statistics of z[a:b] (eq. (53))."""
-    z, v, _ = _data(T=30, seed=2)
+    z, v, _ = ar1_data(T=30, seed=2)
     m = sequence_max_scale(z)
     a, b = 7, 19
     mask = (torch.arange(30) >= a) & (torch.arange(30) < b)
@@ -130,7 +118,7 @@ def _masked_M_ignoring_predecessor(z, mask, m):
 
 
 def test_broken_mask_on_one_side_only_fails_the_block_property():
-    z, v, _ = _data(T=30, seed=2)
+    z, v, _ = ar1_data(T=30, seed=2)
     m = sequence_max_scale(z)
     mask = (torch.arange(30) >= 7) & (torch.arange(30) < 19)
     block = koopman_statistics(z[7:19], v[7:19], scale=m)
@@ -139,7 +127,7 @@ def test_broken_mask_on_one_side_only_fails_the_block_property():
 
 
 def test_mask_checks():
-    z, v, _ = _data(T=8, batch=(3,))
+    z, v, _ = ar1_data(T=8, batch=(3,))
     with pytest.raises(ValueError, match="mask must have shape"):
         koopman_statistics(z, v, mask=torch.ones(8, 3, dtype=torch.bool))  # transposed (T, B)
     with pytest.raises(ValueError, match="only 0 and 1"):
@@ -153,7 +141,7 @@ def test_mask_checks():
 
 @pytest.mark.parametrize("ar", PRECISIONS, ids=IDS)
 def test_mask_selecting_nothing_gives_zero_readouts(ar):
-    z, v, zq = _cast(ar, *_data(T=10, batch=(2,)))
+    z, v, zq = _cast(ar, *ar1_data(T=10, batch=(2,)))
     none = torch.zeros(2, 10, dtype=torch.bool)
     s = koopman_statistics(z, v, mask=none, bf16_mode=ar.mode)
     eye = torch.eye(6, dtype=F64)
@@ -164,7 +152,7 @@ def test_mask_selecting_nothing_gives_zero_readouts(ar):
 
 
 def test_mask_selecting_nothing_with_eps_zero_is_jittered_and_reported():
-    z, v, zq = _data(T=10)
+    z, v, zq = ar1_data(T=10)
     s = koopman_statistics(z, v, mask=torch.zeros(10, dtype=torch.bool), eps=0.0)
     y, info = koopman_readout(s, zq, return_info=True)
     assert info.status == Status.JITTERED and not y.any()
@@ -207,7 +195,7 @@ def test_sequence_max_scale_and_floor():
 @pytest.mark.parametrize("ar", PRECISIONS, ids=IDS)
 def test_stream_matches_batch(ar):
     T, r = 18, 6
-    z, v, _ = _cast(ar, *_data(T=T, r=r, batch=(2,), seed=4))
+    z, v, _ = _cast(ar, *ar1_data(T=T, r=r, batch=(2,), seed=4))
     mask = torch.rand(2, T, generator=torch.Generator().manual_seed(0)) > 0.25
     m = sequence_max_scale(z)
     stream = KoopmanStream(r, 3, scale=m, dtype=ar.dtype, bf16_mode=ar.mode, batch_shape=(2,))
@@ -237,7 +225,7 @@ class _StaleStream(KoopmanStream):
 
 
 def test_broken_stream_fails_batch_agreement():
-    z, v, _ = _data(T=12, seed=5)
+    z, v, _ = ar1_data(T=12, seed=5)
     m = sequence_max_scale(z)
     ref = koopman_statistics(z, v, scale=m)
     bad = _StaleStream(6, 3, scale=m, dtype=F64)
@@ -248,7 +236,7 @@ def test_broken_stream_fails_batch_agreement():
 
 @pytest.mark.parametrize("ar", PRECISIONS, ids=IDS)
 def test_prefill_then_decode_freezes_the_scale(ar):
-    z, v, _ = _cast(ar, *_data(T=20, seed=6))
+    z, v, _ = _cast(ar, *ar1_data(T=20, seed=6))
     z = z.clone()
     z[15:] = z[15:] * 3  # decode tokens larger than every prefill token
     stream = KoopmanStream.prefill(z[:12], v[:12], bf16_mode=ar.mode)
@@ -280,7 +268,7 @@ def test_stream_state_has_the_printed_size():
 @pytest.mark.parametrize("ar", PRECISIONS, ids=IDS)
 def test_chunk_causal_equals_prefix_of_earlier_chunks(ar):
     T, S, r = 29, 8, 5  # T not a multiple of S
-    z, v, _ = _cast(ar, *_data(T=T, r=r, batch=(2,), seed=7))
+    z, v, _ = _cast(ar, *ar1_data(T=T, r=r, batch=(2,), seed=7))
     ch = chunk_causal_statistics(z, v, chunk_size=S, bf16_mode=ar.mode)
     C = math.ceil(T / S)
     assert ch.G.shape == (2, C, r, r) and ch.Cv.shape == (2, C, 3, r) and ch.scale.shape == (2, C)
@@ -295,7 +283,7 @@ def test_chunk_causal_equals_prefix_of_earlier_chunks(ar):
 
 
 def test_chunk_zero_sees_nothing():
-    z, v, zq = _data(T=16)
+    z, v, zq = ar1_data(T=16)
     ch = chunk_causal_statistics(z, v, chunk_size=4)
     assert not ch.M[0].any() and not ch.Cv[0].any()
     y = koopman_readout(ch, zq.expand(4, 4, 6))
@@ -304,7 +292,7 @@ def test_chunk_zero_sees_nothing():
 
 def test_broken_chunks_without_boundary_transitions_fail():
     """Eq. (9) without its second sum misses the pairs (z_{i,0}, z_{i-1,-1})."""
-    z, v, _ = _data(T=24, seed=8)
+    z, v, _ = ar1_data(T=24, seed=8)
     S, m = 6, sequence_max_scale(z)
     per_chunk = [koopman_statistics(z[i * S : (i + 1) * S], v[i * S : (i + 1) * S], scale=m) for i in range(3)]
     broken_M3 = sum(p.M for p in per_chunk)
@@ -317,7 +305,7 @@ def test_broken_chunks_without_boundary_transitions_fail():
 
 def test_whitened_operator_formula_and_similarity():
     """A_w = L^{-1} M L^{-T} (eq. (22)) and L A_w L^{-1} = M G~^{-1} (Prop. A.3)."""
-    z, v, _ = _data(T=30, r=6, batch=(3,), seed=9)
+    z, v, _ = ar1_data(T=30, r=6, batch=(3,), seed=9)
     s = koopman_statistics(z, v)
     L = cholesky(s.G)
     A = whitened_operator(s.M, L)
@@ -335,7 +323,7 @@ def test_whitened_operator_formula_and_similarity():
 
 def test_value_map_is_the_ridge_minimiser():
     """B_v = C_v G~^{-1} (Prop. I.7) and the gradient of the ridge objective vanishes (Prop. I.2)."""
-    z, v, _ = _data(T=25, seed=10)
+    z, v, _ = ar1_data(T=25, seed=10)
     s = koopman_statistics(z, v)
     Bv = value_map(s.Cv, cholesky(s.G))
     zh = z / sequence_max_scale(z)
@@ -354,7 +342,7 @@ def _sigma_max(A):
 def test_whitened_operator_norm_below_one(seed, T, r, dyn, mode):
     """||A_w||_2 <= 1 - eps / lambda_max(G~) in every mode: A_w = (L^{-1} Z_+)(L^{-1} Z_-)^T and
     ||L^{-1} Z_pm||^2 <= ||I - eps G~^{-1}||. Hence eq. (12) never rescales the whitened operator."""
-    z, v, _ = _data(T=T, r=r, seed=seed, dyn=dyn)
+    z, v, _ = ar1_data(T=T, r=r, seed=seed, dyn=dyn)
     if mode == "chunk":
         s = chunk_causal_statistics(z, v, chunk_size=max(1, T // 3))
     else:
@@ -370,7 +358,7 @@ def test_whitened_operator_norm_below_one(seed, T, r, dyn, mode):
 @given(seed=st.integers(0, 2**16), T=st.integers(0, 12), r=st.integers(1, 6), eps=st.sampled_from([1e-3, 1e-1]))
 def test_props_a2_a4_ridge_shrinkage_and_positive_definiteness(seed, T, r, eps):
     """Lemma A.4: lambda_min(G~) >= eps; Prop. A.2: M G~^{-1} = M V diag(1/(sigma_j + eps)) V^T."""
-    z, v, _ = _data(T=T, r=r, seed=seed)
+    z, v, _ = ar1_data(T=T, r=r, seed=seed)
     s = koopman_statistics(z, v, eps=eps)
     lam = torch.linalg.eigvalsh(s.G)
     tol = rounding_allowance(1.0, max(T, r), PRECISIONS[0]) * float(lam.max())  # float64 sums + eigvalsh
@@ -385,7 +373,7 @@ def test_props_a2_a4_ridge_shrinkage_and_positive_definiteness(seed, T, r, eps):
 
 def test_printed_eq11_operator_can_exceed_one():
     """Eq. (11) names M G^{-1} 'A_w'; unlike L^{-1} M L^{-T} its norm is not bounded by 1."""
-    z, v, _ = _data(T=30, seed=0)
+    z, v, _ = ar1_data(T=30, seed=0)
     s = koopman_statistics(z, v)
     A_eps = s.M @ torch.linalg.inv(s.G)
     A_w = whitened_operator(s.M, cholesky(s.G))
@@ -472,7 +460,7 @@ def _readout_errors(ar, z, v, zq, *, K=2, eta=1.5, gamma=1.2, ref=None):
 @pytest.mark.parametrize("T, r, dyn", [(24, 6, 0.8), (64, 4, 0.0)], ids=["ar1-kappa25", "iid-kappa3"])
 def test_readout_against_mpmath(ar, T, r, dyn):
     K = 2
-    z, v, zq = _cast(ar, *_data(T=T, r=r, seed=11, dyn=dyn))
+    z, v, zq = _cast(ar, *ar1_data(T=T, r=r, seed=11, dyn=dyn))
     y, info, ref, rounding, truncation = _readout_errors(ar, z, v, zq, K=K)
     assert info.status == Status.COMPLETED and y.dtype == ar.dtype and y.shape == (4, 3)
     # truncation: sigma_max(A_w) < 1, so both normalisations are the identity and agree exactly;
@@ -489,7 +477,7 @@ def test_readout_against_mpmath(ar, T, r, dyn):
 def test_property_readout_float32_against_mpmath(seed, T, r, K, eta, sign, gamma):
     eta = sign * eta
     ar = PRECISIONS[1]
-    z, v, zq = _cast(ar, *_data(T=T, r=r, Q=2, seed=seed))
+    z, v, zq = _cast(ar, *ar1_data(T=T, r=r, Q=2, seed=seed))
     _, info, ref, rounding, _ = _readout_errors(ar, z, v, zq, K=K, eta=eta, gamma=gamma)
     assert info.status == Status.COMPLETED
     kappa = (K + 2) * ref.kappa
@@ -506,7 +494,7 @@ def _swapped_whitening(M, L, **_):
 @pytest.mark.parametrize("variant", ["swapped L^-T and L^-1", "transposed M", "query not normalised", "K off by one"])
 def test_broken_readouts_fail_against_mpmath(monkeypatch, variant):
     ar = PRECISIONS[0]
-    z, v, zq = _data(T=24, seed=12)
+    z, v, zq = ar1_data(T=24, seed=12)
     ref = km.readout(km.statistics(z, v), zq, v, K=2, eta=1.5, gamma=1.2)
     allowance = rounding_allowance(4 * ref.kappa, 24, ar)  # c (K+2) kappa (n u_acc + u_store)
     assert _readout_errors(ar, z, v, zq, ref=ref)[3] <= allowance
@@ -529,7 +517,7 @@ def test_broken_readouts_fail_against_mpmath(monkeypatch, variant):
 
 
 def test_readout_equals_prop_i8_formula_and_k0_is_ridge():
-    z, v, zq = _data(T=30, batch=(2,), seed=14)
+    z, v, zq = ar1_data(T=30, batch=(2,), seed=14)
     s = koopman_statistics(z, v)
     y = koopman_readout(s, zq, K=2, eta=1.5, gamma=1.3, sigma="exact")
     qh = zq / sequence_max_scale(z)[:, None, None]
@@ -556,7 +544,7 @@ def test_readout_equals_prop_i8_formula_and_k0_is_ridge():
 
 
 def test_readout_bad_input():
-    z, v, zq = _data(T=8)
+    z, v, zq = ar1_data(T=8)
     s = koopman_statistics(z, v)
     with pytest.raises(ValueError, match=r"zq must have shape \(\*batch, Q, 6\)"):
         koopman_readout(s, zq[:, :5])
@@ -577,7 +565,7 @@ def test_readout_bad_input():
 
 
 def test_statistics_bad_input():
-    z, v, _ = _data(T=8)
+    z, v, _ = ar1_data(T=8)
     with pytest.raises(ValueError, match="v has 7 positions"):
         koopman_statistics(z, v[:7])
     with pytest.raises(ValueError, match="z has 1 non-finite"):
@@ -626,7 +614,7 @@ def test_breakdown_raises_without_info_and_is_a_status_with_it():
 
 
 def test_inputs_are_not_modified_and_empty_batches_work():
-    z, v, zq = _data(T=10, batch=(2,))
+    z, v, zq = ar1_data(T=10, batch=(2,))
     mask = torch.ones(2, 10, dtype=torch.bool)
     copies = [x.clone() for x in (z, v, zq, mask)]
     s = koopman_statistics(z, v, mask=mask)
@@ -652,7 +640,7 @@ def test_inputs_are_not_modified_and_empty_batches_work():
 def test_erratum_footnote_rescaling():
     """Footnote 1 (section 3.2.1): 'rescale all statistics by (m_old/m_new)^2' is wrong for C_v
     (linear in z^) and for eps I; the corrected :meth:`KoopmanStream.rescale` matches a recompute."""
-    z, v, _ = _data(T=16, seed=15)
+    z, v, _ = ar1_data(T=16, seed=15)
     m_old = float(sequence_max_scale(z))
     m_new = 2.5 * m_old
     stream = KoopmanStream.prefill(z, v, scale=m_old)
@@ -671,7 +659,7 @@ def test_erratum_footnote_rescaling():
 
 def test_erratum_prop_a1_proof_stationary_point():
     """Prop. A.1's eq. (19) says A = M^T G^{-1}; the stationary point is A = M G^{-1} (the statement)."""
-    z, _, _ = _data(T=40, r=4, seed=16)
+    z, _, _ = ar1_data(T=40, r=4, seed=16)
     G = z[:-1].mT @ z[:-1]
     M = z[1:].mT @ z[:-1]
 
@@ -687,7 +675,7 @@ def test_erratum_prop_a1_proof_stationary_point():
 def test_erratum_layer_gram_includes_the_last_token():
     """Eqs. (4)/(53) sum G over all T tokens; Prop. A.1's estimator sums to T-1. The layer's
     M G~^{-1} minimises sum ||z_{t+1} - A z_t||^2 + ||A z_T||^2 + eps ||A||_F^2 instead."""
-    z, v, _ = _data(T=12, r=4, seed=17)
+    z, v, _ = ar1_data(T=12, r=4, seed=17)
     s = koopman_statistics(z, v)
     A_layer = s.M @ torch.linalg.inv(s.G)
     zh = z / sequence_max_scale(z)
@@ -710,7 +698,7 @@ def test_erratum_layer_gram_includes_the_last_token():
 def test_erratum_remark2_spectra_are_equal(seed, r):
     """Remark 2: 'G~^{-1} M ... can have a different eigenspectrum' from M G~^{-1}. It cannot:
     XY and YX share eigenvalues; checked through tr((.)^k), k = 1..r (Newton's identities)."""
-    z, v, _ = _data(T=3 * r, r=r, seed=seed)
+    z, v, _ = ar1_data(T=3 * r, r=r, seed=seed)
     s = koopman_statistics(z, v)
     Gi = torch.linalg.inv(s.G)
     X, Y = s.M @ Gi, Gi @ s.M
@@ -751,7 +739,7 @@ def test_erratum_state_size_of_the_50m_model():
 def test_loose_c1_bound_overestimates_by_kappa():
     """Theorem C.1 holds but carries a spurious factor kappa(G~): from eq. (41),
     ||A^ - A|| <= ||E_M|| ||G^~^{-1}|| + ||A|| ||E_G|| ||G^~^{-1}||."""
-    z, v, _ = _data(T=30, r=5, seed=18)
+    z, v, _ = ar1_data(T=30, r=5, seed=18)
     s = koopman_statistics(z, v)
     g = torch.Generator().manual_seed(1)
     E_G = 1e-4 * torch.randn(5, 5, generator=g, dtype=F64)
@@ -789,7 +777,7 @@ def test_c5_phase_noise_attenuates_the_raw_operator():
 def test_e1_gram_bound_holds_at_prefill_not_at_frozen_decode():
     """Prop. E.1: with m = max ||z_s||, ||G||_F, tr G, lambda_max(G) <= T. Decoding freezes m, so a
     later token with ||z|| > m breaks the bound (the proposition assumes m over all tokens)."""
-    z, v, _ = _data(T=6, r=3, seed=19)
+    z, v, _ = ar1_data(T=6, r=3, seed=19)
     s = koopman_statistics(z, v, eps=0.0)
     assert float(torch.trace(s.G)) <= 6 and float(torch.linalg.matrix_norm(s.G)) <= 6
     stream = KoopmanStream.prefill(z, v, eps=0.0)
@@ -802,7 +790,7 @@ def test_erratum_chunk_causal_mode_leaks_the_future_through_m():
     """Eqs. (7)-(10) estimate chunk c's operator 'from strictly preceding chunks', but eq. (3)'s
     m = max_{s<=T} ||z_s|| is taken over the whole sequence: a later token changes earlier
     outputs. With a scale that does not depend on later tokens (``scale=``) the mode is causal."""
-    z, v, zq = _data(T=24, seed=20)
+    z, v, zq = ar1_data(T=24, seed=20)
     late = z.clone()
     late[-1] = 10 * late[-1]  # only the last token (chunk 3) changes
     queries = zq.expand(4, 4, 6)

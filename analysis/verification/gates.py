@@ -29,6 +29,7 @@ import math
 import mpmath
 import torch
 
+from analysis.gates_mp import exact_gate_functions
 from analysis.precision import PRECISIONS
 from solvers.gates import BalancedGate, SigmoidGate, SoftplusGate, cumulative_log_decay
 
@@ -42,34 +43,6 @@ GRID = (-30.0, -8.0, -1.5, -0.3, 0.02, 0.7, 3.0, 9.0, 35.0)  # tests/test_gates.
 FULL_GRID = GRID + (-40.0, -20.0, -3.0, -1.0, -0.05, 0.001, 0.3, 1.0, 2.0, 5.0, 15.0, 25.0)
 
 
-def _mp_gate(gate):
-    """Exact value, derivative and log value of ``gate`` as mpmath functions of mpf z."""
-    if isinstance(gate, BalancedGate):
-        a, b = mpmath.mpf(gate.a), mpmath.mpf(gate.b)
-
-        def val(z):
-            return max(mpmath.mpf(0), 1 - 1 / (a * z * z + b))
-
-        def der(z):
-            return 2 * a * z / (a * z * z + b) ** 2 if val(z) > 0 else mpmath.mpf(0)
-
-    else:
-        printed = isinstance(gate, SoftplusGate)
-
-        def val(z):
-            return 1 - mpmath.exp(-mpmath.log(1 + mpmath.exp(z))) if printed else 1 / (1 + mpmath.exp(-z))
-
-        def der(z):
-            s = val(z)
-            return s * (1 - s)
-
-    def logv(z):
-        v = val(z)
-        return mpmath.log(v) if v > 0 else -mpmath.inf
-
-    return {"value": val, "derivative": der, "log_value": logv}
-
-
 def _relative_error(got: float, exact) -> float:
     if exact == 0:
         return abs(got)
@@ -77,7 +50,7 @@ def _relative_error(got: float, exact) -> float:
 
 
 def _pointwise_rows(gate, name: str, ar, z: torch.Tensor, problem: str) -> list:
-    exact = _mp_gate(gate)
+    exact = exact_gate_functions(gate)
     zs = [mpmath.mpf(x) for x in z.to(F64).tolist()]
     bound = OPS * ar.u_acc + ar.u_store  # OPS bound (tests/test_gates.py)
     rows = []
