@@ -31,6 +31,7 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -421,6 +422,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def usable_out(parser: argparse.ArgumentParser, out: pathlib.Path) -> None:
+    """Create ``--out`` and make sure files can be written in it, before any work is done; if
+    not, a usage error (exit 2) naming the argument instead of a traceback at the first write."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        parser.exit(2, f"{parser.prog}: error: argument --out: cannot write to {str(out)!r}: {reason}\n")
+
+
 def main(argv: Optional[list] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -432,8 +445,8 @@ def main(argv: Optional[list] = None) -> int:
         args.quick = not _cuda_available()
     if args.recompute:
         os.environ["SVT_RECOMPUTE"] = "1"  # read by analysis.ground_truth
+    usable_out(parser, args.out)
     progress = Progress()
-    args.out.mkdir(parents=True, exist_ok=True)
 
     if args.command == "verify":
         rows, failures, files = run_verify(args, progress)

@@ -72,14 +72,6 @@ def cg_kernel(
     tl.store(p_flags + i_n, tl.where(b_broke, 2, tl.where(b_done, 1, 0)).to(tl.int8))
 
 
-def _tolerance(name, v, allow_none):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise ValueError(f"{name} must be a float >= 0{' or None' if allow_none else ''}, got {v!r}")
-    return float(v)
-
-
 def cg(H, q, *, iters: int, rtol=None, atol: float = 0.0, bf16_mode: str = "storage",
        return_info: bool = False, input_precision: str = "ieee", out_dtype=None, tensor_cores=None):
     """``iters`` steps of CG on ``H x = q`` (``solvers.cg``), optionally freezing a system once
@@ -90,8 +82,8 @@ def cg(H, q, *, iters: int, rtol=None, atol: float = 0.0, bf16_mode: str = "stor
     options: as ``kernels.chebyshev``.
     """
     iters = check.count("iters", iters)
-    rtol = _tolerance("rtol", rtol, True)
-    atol = _tolerance("atol", atol, False)
+    rtol = check.tolerance("rtol", rtol, allow_none=True)
+    atol = check.tolerance("atol", atol)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch = launch.systems(H, q)

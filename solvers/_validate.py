@@ -6,6 +6,7 @@ argument; the solvers themselves never write into a caller's tensor.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -86,6 +87,18 @@ def count(name: str, n, *, minimum: int = 0) -> int:
     if n < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {n}")
     return int(n)
+
+
+def tolerance(name: str, v, *, allow_none: bool = False):
+    """A stopping tolerance such as ``rtol`` or ``atol``: a finite real >= 0 (or None where
+    ``allow_none``). ``not 0 <= v < inf`` also rejects NaN, which would silently never stop.
+
+    Shared by the references (``solvers.cg``) and the kernels (``kernels.cg``)."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < math.inf:
+        raise ValueError(f"{name} must be a finite float >= 0{' or None' if allow_none else ''}, got {v!r}")
+    return float(v)
 
 
 def parameter(name: str, v, batch: torch.Size, device) -> torch.Tensor:

@@ -16,7 +16,6 @@ updated residual r_i is what the method uses, the history records the true resid
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -45,11 +44,8 @@ def cg(
     the working precision) or NONFINITE.
     """
     iters = check.count("iters", iters)
-    # `not 0 <= v < inf` also rejects NaN, which would silently never converge.
-    if rtol is not None and (not isinstance(rtol, (int, float)) or isinstance(rtol, bool) or not 0 <= rtol < math.inf):
-        raise ValueError(f"rtol must be a finite float >= 0 or None, got {rtol!r}")
-    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not 0 <= atol < math.inf:
-        raise ValueError(f"atol must be a finite float >= 0, got {atol!r}")
+    rtol = check.tolerance("rtol", rtol, allow_none=True)
+    atol = check.tolerance("atol", atol)
     sys = prepare(H, q, need_bounds=False, bf16_mode=bf16_mode)
     ar = sys.arith
     Hs = sys.H

@@ -167,13 +167,27 @@ class BalancedGate:
 GATES = {"sigmoid": SigmoidGate(), "balanced": BalancedGate(), "softplus": SoftplusGate()}
 
 
+def gate_named(gate, *, needs=("value", "derivative")):
+    """A gate object, or its name in :data:`GATES` (``"sigmoid"``, ``"balanced"``, ``"softplus"``)."""
+    if isinstance(gate, str):
+        if gate not in GATES:
+            raise ValueError(f"gate must be one of {sorted(GATES)} or a gate object, got {gate!r}")
+        return GATES[gate]
+    missing = [m for m in needs if not callable(getattr(gate, m, None))]
+    if missing:
+        raise TypeError(f"gate must be a name in {sorted(GATES)} or a gate object with "
+                        f"{', '.join(needs)}; {type(gate).__name__} has no {', '.join(missing)}")
+    return gate
+
+
 def gradient_over_weight(gate, z, *, bf16_mode: str = "storage") -> torch.Tensor:
     """``|phi'(z)| / phi(z)^2``, the "gradient scale" the proposal tabulates.
 
     Computed in float64 from the gate's working-precision derivative and value. For the
     balanced gate this is ``2 a |z| / (a z^2 + b - 1)^2``, not the printed ``2 a |z|``
-    (``docs/errata.md``); it is ``inf`` where phi = 0.
+    (``docs/errata.md``); it is ``inf`` where phi = 0. ``gate``: a gate or its name in :data:`GATES`.
     """
+    gate = gate_named(gate)
     d = gate.derivative(z, bf16_mode=bf16_mode).to(torch.float64)
     v = gate.value(z, bf16_mode=bf16_mode).to(torch.float64)
     return d.abs() / (v * v)
@@ -183,8 +197,9 @@ def stable_gradient_scale(gate, z, *, bf16_mode: str = "storage") -> torch.Tenso
     """``|phi'(z)| / (1 - phi(z))^2``: StableSSM's scale for a discrete-time decay.
 
     It is the quantity that equals ``2 a |z|`` for the balanced gate (where phi > 0) and
-    ``e^z`` for the sigmoid.
+    ``e^z`` for the sigmoid. ``gate``: a gate or its name in :data:`GATES`.
     """
+    gate = gate_named(gate, needs=("derivative", "complement"))
     d = gate.derivative(z, bf16_mode=bf16_mode).to(torch.float64)
     c = gate.complement(z, bf16_mode=bf16_mode).to(torch.float64)
     return d.abs() / (c * c)

@@ -168,7 +168,7 @@ def kla_chunk_system(k, v, beta, alpha, initial_state, *, bf16_mode: str = "stor
     ``alpha (..., C)`` or ``(..., C, d_k)`` (per channel), ``initial_state (..., d_k, d_v)``.
     """
     ar, k, v, decay, S0 = _chunk_args(k, v, alpha, initial_state, bf16_mode)
-    return _chunk_system(k, v, ar.up(beta), decay, S0, ar)
+    return _chunk_system(k, v, ar.up(_chunk_beta(beta, k)), decay, S0, ar)
 
 
 def forward_substitution(L, R, *, dtype=None, bf16_mode: str = "storage"):
@@ -180,8 +180,11 @@ def forward_substitution(L, R, *, dtype=None, bf16_mode: str = "storage"):
     bf16 storage mode. The computed U satisfies ``(I + L + dL) U^ = R`` with ``|dL| <= gamma_C |L|`` (Higham 2002,
     Thm. 8.5).
     """
-    L = check.tensor("L", L, min_ndim=2)
+    L = check.square_matrix("L", L)
     R = check.tensor("R", R, min_ndim=2)
+    if R.shape[-2] != L.shape[-1]:
+        raise ValueError(f"R has {R.shape[-2]} rows but L is {L.shape[-2]}x{L.shape[-1]}; (I + L) U = R needs as many")
+    check.batch_shape("L and R", L.shape[:-2], R.shape[:-2])
     return _forward_substitution(L, R, Arith(R.dtype if dtype is None else dtype, check.bf16_mode(bf16_mode)))
 
 
@@ -211,7 +214,7 @@ def wy_representation(k, v, beta, alpha, *, bf16_mode: str = "storage"):
     Both recurrences are the same triangular system as Prop. 3 with other right-hand sides.
     """
     ar, k, v, decay, _ = _chunk_args(k, v, alpha, None, bf16_mode)
-    b = ar.up(beta).unsqueeze(-1)
+    b = ar.up(_chunk_beta(beta, k)).unsqueeze(-1)
     L = b * _decayed_gram(k, k, decay, ar, strict=True)
     W = _forward_substitution(L, b * _scale_rows(k, decay.gamma(), ar), ar)
     U = _forward_substitution(L, b * ar.up(v), ar)
@@ -458,11 +461,22 @@ def _chunk_args(k, v, alpha, S0, bf16_mode):
     ar = Arith(k.dtype, check.bf16_mode(bf16_mode))
     if v is not None:
         v = check.tensor("v", v, min_ndim=2)
+        if v.shape[-2] != k.shape[-2]:
+            raise ValueError(f"v has {v.shape[-2]} rows but k has {k.shape[-2]} (one per token of the chunk)")
     alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k)
     _check_range("alpha", alpha_t, low=0.0, low_open=True, high=1.0)
     if S0 is not None:
         S0 = check.tensor("initial_state", S0, min_ndim=2)
     return ar, k, v, _ChunkDecay.of(alpha_t, per_channel, ar), S0
+
+
+def _chunk_beta(beta, k: torch.Tensor) -> torch.Tensor:
+    """``beta (..., C)``: one coefficient per token of the chunk ``k (..., C, d_k)``."""
+    beta = check.tensor("beta", beta, min_ndim=1)
+    tokens = k.shape[:-1]
+    if beta.shape[-1] != tokens[-1] or check.batch_shape("beta and k", beta.shape, tokens) != tokens:
+        raise ValueError(f"beta must have shape {tuple(tokens)} (one per row of k), got {tuple(beta.shape)}")
+    return beta
 
 
 def _decay_state(a: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
