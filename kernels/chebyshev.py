@@ -19,6 +19,8 @@ import triton
 import triton.language as tl
 
 from solvers import _validate as check
+from solvers._arith import unit_roundoff
+from solvers._divergence import divergence_limit, flag_divergence
 
 from . import _launch as launch
 from ._matvec import load_matrix, load_vector, matvec, store_vector
@@ -66,6 +68,23 @@ def chebyshev_kernel(
         store_vector(p_xprev, i_n, b_xp, D, BLOCK_D)
 
 
+# Unit roundoff of a tf32 operand (10 stored mantissa bits): the products' u with input_precision="tf32".
+U_TF32 = 2.0**-11
+
+
+def with_divergence(info, method: str, q2: torch.Tensor, Lt: torch.Tensor, mt: torch.Tensor, precision: str, out_dtype):
+    """``info`` with status DIVERGED where the final residual exceeds what the eigenvalue bounds
+    allow (``solvers._divergence``), for a kernel's arithmetic: float32 accumulation (tf32
+    products where asked), the result stored in ``out_dtype``. Uses only tensors already on the
+    device (the residuals ``info`` measured): no extra host synchronisation."""
+    batch = info.system_status.shape
+    u_acc = U_TF32 if precision == "tf32" else unit_roundoff(torch.float32)
+    limit = divergence_limit(method, Lt, mt, q2.shape[-1], u_acc, unit_roundoff(out_dtype)).reshape(batch)
+    q = q2.reshape(*batch, q2.shape[-1])
+    info.system_status = flag_divergence(info.system_status, info.residual_norms[-1], q, limit)
+    return info
+
+
 def constants(L: torch.Tensor, mu: torch.Tensor):
     """``2/(L+mu)`` and ``rho^2`` from float64 L, mu, each rounded once to float32."""
     return launch.fp32(2.0 / (L + mu)), launch.fp32(((L - mu) / (L + mu)) ** 2)
@@ -100,7 +119,8 @@ def chebyshev(
     Accepts what ``solvers.chebyshev`` accepts and returns the same (xi_r in H's dtype, or
     ``(xi_r, SolveInfo)``), with these differences: H, q float32 or bfloat16 with D <= 128 on
     a CUDA device (CPU under TRITON_INTERPRET=1); iterates float32 throughout, so
-    ``bf16_mode="strict"`` is refused. ``return_info`` costs a store of every iterate.
+    ``bf16_mode="strict"`` is refused. ``return_info`` costs a store of every iterate; its
+    status is COMPLETED, NONFINITE or DIVERGED (as the reference, ``solvers._divergence``).
 
     Extra options: ``input_precision`` "ieee" (default, fp32-accurate products) or "tf32"
     (float32 inputs only: products on tensor cores with tf32 operands); ``out_dtype``
@@ -124,4 +144,5 @@ def chebyshev(
         omegas.append(4.0 / (4.0 - rho2 * omegas[-1]))
     x = x.reshape(*batch, D)
     extras = {"omegas": torch.stack(omegas, dim=-1).reshape(*batch, iters + 1)}
-    return x, launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), extras=extras)
+    info = launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), extras=extras)
+    return x, with_divergence(info, "chebyshev", q2, Lt, mt, precision, odt)

@@ -19,6 +19,7 @@ from solvers import _validate as check
 
 from . import _launch as launch
 from ._matvec import load_matrix, load_vector, matvec, store_vector
+from .chebyshev import with_divergence
 
 
 @triton.jit
@@ -63,7 +64,7 @@ def agd_kernel(
     store_vector(p_x, i_n, b_x, D, BLOCK_D)
 
 
-def _solve(kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_precision, out_dtype, tensor_cores):
+def _solve(method, kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_precision, out_dtype, tensor_cores):
     iters = check.count("iters", iters)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
@@ -84,16 +85,18 @@ def _solve(kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_pre
     x = x.reshape(*batch, D)
     if not return_info:
         return x
-    return x, launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision))
+    info = launch.info(H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision))
+    return x, with_divergence(info, method, q2, Lt, mt, precision, odt)
 
 
 def gd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool = False,
        input_precision: str = "ieee", out_dtype=None, tensor_cores=None):
     """``iters`` steps of gradient descent with step 2/(L+mu) from x_0 = 0 (``solvers.gd``).
 
-    Differences from the reference and the extra options: as ``kernels.chebyshev``.
+    Differences from the reference, the extra options and the status (DIVERGED included): as
+    ``kernels.chebyshev``.
     """
-    return _solve(gd_kernel, H, q, L, mu, iters, lambda L, mu: (2.0 / (L + mu),),
+    return _solve("gd", gd_kernel, H, q, L, mu, iters, lambda L, mu: (2.0 / (L + mu),),
                   bf16_mode, return_info, input_precision, out_dtype, tensor_cores)
 
 
@@ -106,5 +109,5 @@ def agd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: boo
         input_precision: str = "ieee", out_dtype=None, tensor_cores=None):
     """``iters`` steps of Nesterov's method, step 1/L, momentum (sqrt k - 1)/(sqrt k + 1)
     (``solvers.agd``). Differences and extra options: as ``kernels.chebyshev``."""
-    return _solve(agd_kernel, H, q, L, mu, iters, _agd_params,
+    return _solve("agd", agd_kernel, H, q, L, mu, iters, _agd_params,
                   bf16_mode, return_info, input_precision, out_dtype, tensor_cores)

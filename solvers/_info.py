@@ -17,7 +17,10 @@ class Status(enum.IntEnum):
     JITTERED = 2  # a factorisation failed and succeeded only after adding jitter
     MAX_ITERS_REACHED = 3  # a tolerance was asked for and not met
     BREAKDOWN = 4  # a divisor vanished (e.g. p^T H p = 0 in CG with r != 0)
-    NONFINITE = 5  # an iterate became non-finite (overflow in low precision)
+    # the final residual grew beyond what an SPD H with spectrum in [mu, L] allows, rounding
+    # included (Chebyshev, GD, AGD; solvers._divergence): the input broke the method's promise
+    DIVERGED = 5
+    NONFINITE = 6  # an iterate became non-finite (overflow in low precision)
 
 
 def worst_status(system_status: torch.Tensor) -> Status:

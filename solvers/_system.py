@@ -9,6 +9,8 @@ import torch
 
 from . import _validate as check
 from ._arith import Arith
+from ._divergence import divergence_limit, flag_divergence
+from ._info import SolveInfo
 
 
 @dataclass
@@ -69,3 +71,11 @@ def sum_to_shape(t: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     if dims:
         t = t.sum(dim=dims, keepdim=True)
     return t
+
+
+def with_divergence(info: SolveInfo, sys: System, method: str) -> SolveInfo:
+    """``info`` with status DIVERGED where the final residual exceeds what the eigenvalue
+    bounds allow (``solvers._divergence``); the residuals are already in ``info``."""
+    limit = divergence_limit(method, sys.L, sys.mu, sys.H.shape[-1], sys.arith.u_acc, sys.arith.u_store)
+    info.system_status = flag_divergence(info.system_status, info.residual_norms[-1], sys.q, limit)
+    return info

@@ -23,7 +23,7 @@ import torch
 
 from . import _validate as check
 from ._info import Status, build_info, nonfinite_status
-from ._system import System, prepare
+from ._system import System, prepare, with_divergence
 
 
 def chebyshev_weights(L, mu, iters: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -58,7 +58,9 @@ def chebyshev(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_inf
         iters: r >= 0; ``iters = 0`` returns xi_0 = 2q/(L+mu).
         bf16_mode: ``"storage"`` or ``"strict"`` (see ``solvers._arith``); ignored unless bf16.
         return_info: also return a :class:`SolveInfo` with residual norms, iterates xi_0..xi_r
-            and ``omegas`` (omega_0..omega_r as computed in the working precision).
+            and ``omegas`` (omega_0..omega_r as computed in the working precision). Status:
+            COMPLETED, NONFINITE, or DIVERGED when the final residual grew beyond what an SPD H
+            with spectrum in ``[mu, L]`` allows (``solvers._divergence``: H broke the promise).
 
     Returns:
         xi_r in H's dtype, or ``(xi_r, info)``.
@@ -74,7 +76,7 @@ def chebyshev(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_inf
         return xi
     status = nonfinite_status(xi, torch.full(sys.batch, int(Status.COMPLETED), device=xi.device))
     info = build_info(sys.H, sys.q, iterates, status, sys.arith.label, {"omegas": torch.stack(omegas, dim=-1)})
-    return xi, info
+    return xi, with_divergence(info, sys, "chebyshev")
 
 
 def chebyshev_steps(sys: System, iters: int):

@@ -16,14 +16,16 @@ import torch
 
 from . import _validate as check
 from ._info import Status, build_info, nonfinite_status
-from ._system import prepare
+from ._system import prepare, with_divergence
 
 
-def _finish(sys, x, iterates, return_info):
+def _finish(method, sys, x, iterates, return_info):
+    """x, or ``(x, SolveInfo)`` with status COMPLETED, NONFINITE or DIVERGED (the final residual
+    grew beyond what an SPD H with spectrum in ``[mu, L]`` allows, ``solvers._divergence``)."""
     if not return_info:
         return x
     status = nonfinite_status(x, torch.full(sys.batch, int(Status.COMPLETED), device=x.device))
-    return x, build_info(sys.H, sys.q, iterates, status, sys.arith.label)
+    return x, with_divergence(build_info(sys.H, sys.q, iterates, status, sys.arith.label), sys, method)
 
 
 def gd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool = False):
@@ -39,7 +41,7 @@ def gd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool
         x = ar.store(ar.up(x) - step * (ar.matvec(sys.H, x) - q_c))
         if return_info:
             iterates.append(x)
-    return _finish(sys, x, iterates, return_info)
+    return _finish("gd", sys, x, iterates, return_info)
 
 
 def agd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool = False):
@@ -60,4 +62,4 @@ def agd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: boo
         x = x_new
         if return_info:
             iterates.append(x)
-    return _finish(sys, x, iterates, return_info)
+    return _finish("agd", sys, x, iterates, return_info)
