@@ -207,8 +207,18 @@ def chebyshev_backward(
     step, rho2 = constants(Lt, mt)
     dq2, dH2 = _launch_backward(method, H2, q2, g2, step, rho2, Lt, mt, iters, mode,
                                 torch.float32 if reduce else odt)
-    launch.finite_result(dq2, H=H, q=q, grad_x=grad_x)
+    _finite_grads(dq2, dH2, H=H, q=q, grad_x=grad_x)
     return _grads(dq2, dH2, batch, q.shape, H.shape, odt)
+
+
+def _finite_grads(dq2: torch.Tensor, dH2: torch.Tensor, **inputs) -> None:
+    """Never a silent NaN in dq or dH: both are checked, with one device read (where
+    ``launch.finite_result`` reads one), since dH = -dq x^T is non-finite when x is (a NaN or
+    Inf in q reaches x, and dH, but not dq). A non-finite input is named; gradients that
+    overflowed from finite inputs are returned, as the reference returns them."""
+    if dH2.numel():
+        finite = torch.isfinite(dq2).all() & torch.isfinite(dH2).all()
+        launch.finite_result(torch.where(finite, 0.0, float("nan")), **inputs)
 
 
 def _cotangent(grad_x, H2, batch) -> torch.Tensor:
@@ -250,7 +260,7 @@ class ChebyshevSolve(torch.autograd.Function):
         g2 = launch.flat(grad_x.to(dtype).expand(*batch, H2.shape[-1]), 1)
         dq2, dH2 = _launch_backward(ctx.backward, H2, q2, g2, step, rho2, Lt, mt, ctx.iters, ctx.mode,
                                     torch.float32, x=x32, xprev=xprev)
-        launch.finite_result(dq2, grad_x=grad_x)
+        _finite_grads(dq2, dH2, grad_x=grad_x)
         dq, dH = _grads(dq2, dH2, batch, q_shape, H_shape, dtype)
         return dH, dq, None, None, None, None, None, None
 
