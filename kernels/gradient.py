@@ -64,7 +64,8 @@ def agd_kernel(
     store_vector(p_x, i_n, b_x, D, BLOCK_D)
 
 
-def _solve(method, kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_precision, out_dtype, tensor_cores):
+def _solve(method, kernel, H, q, L, mu, iters, params, bf16_mode, return_info, input_precision, out_dtype,
+           tensor_cores):
     iters = check.count("iters", iters)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)

@@ -99,8 +99,14 @@ def test_forward_substitution_checks_shapes():
         solvers.forward_substitution(torch.zeros(4, 3, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="batch shapes of L and R"):
         solvers.forward_substitution(L.expand(2, 4, 4), torch.randn(3, 4, 2, dtype=torch.float64))
-    U = solvers.forward_substitution(L, R := torch.randn(4, 2, dtype=torch.float64))
-    assert torch.allclose((torch.eye(4, dtype=torch.float64) + L) @ U, R, rtol=0, atol=64 * 2.0**-53 * 10)
+    R = torch.randn(4, 2, dtype=torch.float64)
+    U = solvers.forward_substitution(L, R)
+    # Higham Thm 8.5: (I + L + dL) U = R, |dL| <= gamma_C |L|, so |(I + L) U - R| <= gamma_C |L| |U|
+    # (plus the float64 evaluation of the check itself, another gamma_C |L| |U| + u |R|)
+    u, C = 2.0**-53, 4
+    gamma = C * u / (1 - C * u)
+    residual = ((torch.eye(4, dtype=torch.float64) + L) @ U - R).abs()
+    assert (residual <= 2 * gamma * (L.abs() @ U.abs()) + u * R.abs()).all()
 
 
 def _chunk(C=4, d=3):
@@ -191,4 +197,5 @@ def test_out_error_from_the_command_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "analysis", "--out", str(f), "verify"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
-    assert p.stderr.strip().splitlines() == [f"python -m analysis: error: argument --out: cannot write to {str(f)!r}: File exists"]
+    expected = f"python -m analysis: error: argument --out: cannot write to {str(f)!r}: File exists"
+    assert p.stderr.strip().splitlines() == [expected]

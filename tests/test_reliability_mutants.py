@@ -13,7 +13,6 @@ Bounds used below:
 
 from __future__ import annotations
 
-import math
 from fractions import Fraction
 
 import pytest
