@@ -102,11 +102,12 @@ def test_forward_substitution_checks_shapes():
     R = torch.randn(4, 2, dtype=torch.float64)
     U = solvers.forward_substitution(L, R)
     # Higham Thm 8.5: (I + L + dL) U = R, |dL| <= gamma_C |L|, so |(I + L) U - R| <= gamma_C |L| |U|
-    # (plus the float64 evaluation of the check itself, another gamma_C |L| |U| + u |R|)
+    # plus the float64 evaluation of the check: gamma_C (|U| + |L| |U|) for (I + L) U, and the
+    # subtraction of R, u |(I + L) U - R| <= 2 u |R| (the residual is far below |R|)
     u, C = 2.0**-53, 4
     gamma = C * u / (1 - C * u)
     residual = ((torch.eye(4, dtype=torch.float64) + L) @ U - R).abs()
-    assert (residual <= 2 * gamma * (L.abs() @ U.abs()) + u * R.abs()).all()
+    assert (residual <= gamma * (2 * L.abs() @ U.abs() + U.abs()) + 2 * u * R.abs()).all()
 
 
 def _chunk(C=4, d=3):
