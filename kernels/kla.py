@@ -41,6 +41,7 @@ model, step by step as written here.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import triton
@@ -223,7 +224,7 @@ def prepare_kernel(
     i_h = i_nh % H
     t0 = i_t * C
     base_k = (i_n * T * H + i_h) * DK
-    base_e = i_n * T * H + i_h
+    base_e = i_n * Tp * H + i_h  # eta: (N, Tp, H) float32 from gates_kernel
     if PER_CHANNEL:
         base_g = (i_n * Tp * H + i_h) * DK
     else:
@@ -385,20 +386,108 @@ def prepare_kernel(
         store_block(p_A, base_a, 2, 3, z16, C)
 
 
+# ----------------------------------------------------------------------------- gates
+
+
+@triton.jit
+def gates_kernel(
+    p_alpha, p_eta, p_g, p_eta32, p_bad, alpha_s, eta_s, T, Tp, H, NT, start,
+    DK: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    ALPHA_SCALAR: tl.constexpr, ETA_SCALAR: tl.constexpr,
+):
+    """One program per (sequence, chunk, head): ``g_i = sum_{r<=i} log alpha_r`` within the
+    chunk (float32; padded tokens have decay 1, so they repeat the chunk's last g, as
+    :func:`chunk_log_decay`), eta widened to float32 (zero on padded tokens), and
+    ``p_bad[pid] = 1`` where a gate fails ``0 < alpha <= 1`` or ``0 <= eta < inf`` (NaN fails),
+    else 0. A gate given as a number arrives as ``alpha_s`` / ``eta_s``, read from no memory."""
+    pid = tl.program_id(0).to(tl.int64) + start
+    i_h = pid % H
+    i_t = (pid // H) % NT
+    i_n = pid // (H * NT)
+    t = i_t * C + tl.arange(0, C).to(tl.int64)
+    m_t = t < T
+    row = (i_n * T + t) * H + i_h  # (N, T, H) index of each token
+    row_p = (i_n * Tp + t) * H + i_h  # the same in the padded (N, Tp, H) layout
+    if PER_CHANNEL:
+        o_k = tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < DK)[None, :]
+        a = tl.load(p_alpha + row[:, None] * DK + o_k[None, :], mask=m, other=1.0).to(tl.float32)
+        g = tl.cumsum(tl.log(a), axis=0)
+        tl.store(p_g + row_p[:, None] * DK + o_k[None, :], g, mask=(o_k < DK)[None, :])
+        bad = tl.sum(tl.sum(tl.where((a > 0) & (a <= 1), 0, 1), axis=1), axis=0)
+    else:
+        if ALPHA_SCALAR:
+            a = tl.where(m_t, alpha_s, 1.0)
+        else:
+            a = tl.load(p_alpha + row, mask=m_t, other=1.0).to(tl.float32)
+        tl.store(p_g + row_p, tl.cumsum(tl.log(a), axis=0))
+        bad = tl.sum(tl.where((a > 0) & (a <= 1), 0, 1), axis=0)
+    if ETA_SCALAR:
+        e = tl.where(m_t, eta_s, 0.0)
+    else:
+        e = tl.load(p_eta + row, mask=m_t, other=0.0).to(tl.float32)
+    tl.store(p_eta32 + row_p, e)
+    bad += tl.sum(tl.where((e >= 0) & (e < float("inf")), 0, 1), axis=0)
+    tl.store(p_bad + pid, tl.where(bad > 0, 1.0, 0.0))
+
+
 # ----------------------------------------------------------------------------- recurrence
 
 
 @triton.jit
+def chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """``gamma = exp(g)`` of the chunk's tokens, (C,) per head or (C, BK) per channel, and the
+    chunk's last g (padded rows of g hold the last token's value)."""
+    t_last = t0 + o_c.shape[0] - 1
+    if PER_CHANNEL:
+        g = tl.load(p_g + (base_g + t0 * (H * DK)) + (o_c[:, None] * (H * DK) + o_k[None, :]), mask=m_k[None, :], other=0.0)
+        g_last = tl.load(p_g + base_g + t_last * (H * DK) + o_k, mask=m_k, other=0.0)
+    else:
+        g = tl.load(p_g + base_g + (t0 + o_c) * H)
+        g_last = tl.load(p_g + base_g + t_last * H)
+    return g, g_last
+
+
+@triton.jit
+def chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr):
+    """``O = (D_gamma Q S_0 + P U) / ||q||`` row-wise (eq. (8)), S_0 already a GEMM operand."""
+    if PER_CHANNEL:
+        QS = mm(Q.to(tl.float32) * tl.exp(g), S_op, PREC)
+    else:
+        QS = mm(Q, S_op, PREC) * tl.exp(g)[:, None]
+    O = QS + mm(P, U, PREC)
+    if NORMALIZE:
+        Qf = Q.to(tl.float32)
+        qn = tl.sqrt(tl.sum(Qf * Qf, axis=1))
+        O = O / tl.where(m_t, qn, 1.0)[:, None]
+    return O
+
+
+@triton.jit
+def finite_flag(p_flag, i_row, i_v, value, NV: tl.constexpr):
+    """``p_flag[8 i_row + i_v] = value`` (0 when finite, else NaN); the program of the first
+    d_v block also zeroes the slots of the blocks that do not exist (NV < 8), so the flags
+    need no initialisation."""
+    o8 = tl.arange(0, 8).to(tl.int64)
+    mine = o8 == i_v
+    absent = (o8 >= NV) & ((o8 * 0 + i_v) == 0)
+    tl.store(p_flag + i_row * 8 + o8, tl.where(mine, value, 0.0), mask=mine | absent)
+
+
+@triton.jit
 def recurrence_kernel(
-    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, nh_start,
+    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_hs, p_u, p_flag, T, Tp, H, NT, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_H0: tl.constexpr, NORMALIZE: tl.constexpr, STORE_FINAL: tl.constexpr,
-    PREC: tl.constexpr,
+    SPLIT: tl.constexpr, PREC: tl.constexpr,
 ):
     """One program per (head, d_v block): the chunks in order, state block in float32.
 
-    ``p_flag[8 i_nh + i_v]`` gets 0 when every output and the final state are finite and NaN
-    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o."""
+    SPLIT: the outputs are left to ``output_kernel``, which runs over all chunks at once; this
+    program stores each chunk's incoming state and U as the GEMM operands they are (bf16 in the
+    BF16 model), so the outputs are the same numbers either way. ``p_flag[8 i_nh + i_v]`` gets
+    0 when every value it checked (outputs unless SPLIT, the final state) is finite, NaN
+    otherwise (the sum of 0 x each value), so the host checks one small tensor."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
@@ -428,36 +517,30 @@ def recurrence_kernel(
         t = t0 + o_c
         m_t = t < T
         K = rows(p_k, base_k, t0, T, H * DK, 0, DK, BK, C)
-        Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
         V = tl.load(p_v + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :]),
                     mask=m_t[:, None] & m_v[None, :], other=0.0)
         base_a = (i_nh * NT + i_t) * C * C
         A = tl.load(p_A + base_a + o_c[:, None] * C + o_c[None, :])
-        P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
-        t_last = t0 + C - 1  # padded rows of g hold the last token's value
         S_op = operand(S, PREC)
+        g, g_last = chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK, PER_CHANNEL)
         if PER_CHANNEL:
-            g = tl.load(p_g + (base_g + t0 * (H * DK)) + (o_c[:, None] * (H * DK) + o_k[None, :]), mask=m_k[None, :], other=0.0)
-            g_last = tl.load(p_g + base_g + t_last * (H * DK) + o_k, mask=m_k, other=0.0)
-            Gam = tl.exp(g)
-            KS = mm(K.to(tl.float32) * Gam, S_op, PREC)  # D_gamma K S_0, elementwise decay
-            QS = mm(Q.to(tl.float32) * Gam, S_op, PREC)
+            KS = mm(K.to(tl.float32) * tl.exp(g), S_op, PREC)  # D_gamma K S_0, elementwise decay
         else:
-            g = tl.load(p_g + base_g + t * H)
-            g_last = tl.load(p_g + base_g + t_last * H)
-            gam = tl.exp(g)
-            KS = mm(K, S_op, PREC) * gam[:, None]
-            QS = mm(Q, S_op, PREC) * gam[:, None]
-        R = V.to(tl.float32) - KS
-        U = mm(A, R, PREC)
-        O = QS + mm(P, U, PREC)
-        if NORMALIZE:
-            Qf = Q.to(tl.float32)
-            qn = tl.sqrt(tl.sum(Qf * Qf, axis=1))
-            O = O / tl.where(m_t, qn, 1.0)[:, None]
-        p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
-        tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        finite += tl.sum(tl.where(m_t[:, None] & m_v[None, :], O * 0.0, 0.0), axis=1)
+            KS = mm(K, S_op, PREC) * tl.exp(g)[:, None]
+        U = mm(A, V.to(tl.float32) - KS, PREC)
+        m_o = m_t[:, None] & m_v[None, :]
+        if SPLIT:
+            tl.store(p_hs + (i_nh * NT + i_t) * DK * DV + o_k[:, None] * DV + o_v[None, :],
+                     S_op, mask=m_state)  # the operand dtype is the buffer's (bf16 in BF16)
+            tl.store(p_u + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :]),
+                     operand(U, PREC), mask=m_o)
+        else:
+            Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
+            P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
+            O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
+            p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
+            tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_o)
+            finite += tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1)
         if PER_CHANNEL:
             Rr = tl.where(m_t[:, None], tl.exp(g_last[None, :] - g), 0.0)
             S = tl.exp(g_last)[:, None] * S + mm(tl.trans(K.to(tl.float32) * Rr), U, PREC)
@@ -468,7 +551,49 @@ def recurrence_kernel(
     if STORE_FINAL:
         tl.store(p_ht + p_state, stored(S, p_ht.dtype.element_ty), mask=m_state)
     flag = tl.sum(finite, axis=0) + tl.sum(tl.sum(tl.where(m_state, S * 0.0, 0.0), axis=1), axis=0)
-    tl.store(p_flag + i_nh * 8 + i_v, flag)
+    finite_flag(p_flag, i_nh, i_v, flag, NV)
+
+
+@triton.jit
+def output_kernel(
+    p_q, p_g, p_P, p_hs, p_u, p_o, p_flag, T, Tp, H, NT, start,
+    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
+    PER_CHANNEL: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+):
+    """One program per (head, chunk, d_v block), all at once: the chunk's outputs from the
+    incoming state and U that ``recurrence_kernel`` stored (eq. (8)); ``p_flag[8 i_c + i_v]``
+    as there."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = pid % NV
+    i_c = pid // NV + start  # i_nh * NT + i_t
+    i_t = i_c % NT
+    i_nh = i_c // NT
+    i_n = i_nh // H
+    i_h = i_nh % H
+    t0 = i_t * C
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    o_c = tl.arange(0, C)
+    m_t = (t0 + o_c) < T
+    base_k = (i_n * T * H + i_h) * DK
+    base_v = (i_n * T * H + i_h) * DV
+    if PER_CHANNEL:
+        base_g = (i_n * Tp * H + i_h) * DK
+    else:
+        base_g = i_n * Tp * H + i_h
+    m_o = m_t[:, None] & m_v[None, :]
+    Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
+    S_op = tl.load(p_hs + i_c * DK * DV + o_k[:, None] * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
+    P = tl.load(p_P + i_c * C * C + o_c[:, None] * C + o_c[None, :])
+    p_tile = (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
+    U = tl.load(p_u + p_tile, mask=m_o, other=0.0)
+    g, g_last = chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK, PER_CHANNEL)
+    O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
+    tl.store(p_o + p_tile, stored(O, p_o.dtype.element_ty), mask=m_o)
+    finite_flag(p_flag, i_c, i_v, tl.sum(tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1), axis=0), NV)
 
 
 def _recurrence_configs():
@@ -492,19 +617,34 @@ def _prune(configs, named_args, **kwargs):
 # Autotuned on a GPU (the interpreter cannot time); keyed on everything that shapes the work.
 recurrence_tuned = triton.autotune(
     configs=_recurrence_configs(),
-    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
+    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE", "SPLIT"],
     prune_configs_by={"early_config_prune": _prune},
 )(recurrence_kernel)
 
+# The output pass is parallel over chunks: wider d_v blocks than the recurrence can afford.
+output_tuned = triton.autotune(
+    configs=[triton.Config({"BV": bv}, num_warps=w, num_stages=s)
+             for bv, w, s in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))],
+    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
+    prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: (
+        configs if kw["PREC"] == PRECISIONS["bf16"] and not kw["PER_CHANNEL"] else configs[:2])},
+)(output_kernel)
+
 
 # ----------------------------------------------------------------------------- host side
+
+# Outputs in a separate pass over all chunks at once (output_kernel) rather than inside the
+# sequential recurrence; the same numbers either way (recurrence_kernel's docstring).
+SPLIT_OUTPUT = True
 
 
 def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Tensor:
     """``g_i = sum_{r<=i} log alpha_r`` within each chunk of C tokens, float32, with T padded to
     a multiple of C by tokens of decay 1 (so padded rows repeat the chunk's last g).
 
-    alpha ``(N, T, H)`` or ``(N, T, H, d_k)``; returns ``(N, Tp, H[, d_k])``, contiguous."""
+    alpha ``(N, T, H)`` or ``(N, T, H, d_k)``; returns ``(N, Tp, H[, d_k])``, contiguous. The
+    forward computes the same in ``gates_kernel`` (see :func:`gate_tensors`); this PyTorch form
+    runs on any device."""
     N, T = alpha.shape[:2]
     NT = -(-T // C)
     la = torch.log(alpha.to(torch.float32))
@@ -513,28 +653,70 @@ def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Ten
     return la.reshape(N, NT, C, *la.shape[2:]).cumsum(2).reshape(N, NT * C, *la.shape[2:]).contiguous()
 
 
-def _gates_invalid(alpha: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
-    """A device flag: some gate is not finite, or ``0 < alpha <= 1``, ``eta >= 0`` fails after
-    rounding (read with the result's finiteness, in one synchronisation)."""
-    if not alpha.numel():
-        return torch.zeros((), dtype=torch.bool, device=alpha.device)
-    return ~(((alpha > 0) & (alpha <= 1)).all() & (eta >= 0).all() & torch.isfinite(eta).all())
+def gate_tensors(alpha, eta, shape, C: int, per_channel: bool, device):
+    """``(g, eta32, bad)`` for the kernels in one launch of ``gates_kernel``: the chunk-local
+    cumulative log decay ``g (N, Tp, H[, d_k])`` (as :func:`chunk_log_decay`), eta as float32
+    ``(N, Tp, H)`` and one validity flag per program. ``alpha`` / ``eta``: a float (rounded
+    already) or a contiguous ``(N, T, H[, d_k])`` / ``(N, T, H)`` tensor on the device."""
+    N, T, H, DK = shape
+    NT = -(-T // C)
+    dev = device
+    g = torch.empty((N, NT * C, H, DK) if per_channel else (N, NT * C, H), dtype=torch.float32, device=dev)
+    eta32 = torch.empty((N, NT * C, H), dtype=torch.float32, device=dev)
+    bad = torch.empty((N * NT * H,), dtype=torch.float32, device=dev)
+    a_scalar, e_scalar = not isinstance(alpha, torch.Tensor), not isinstance(eta, torch.Tensor)
+    for s, n in launch.launches(N * NT * H):
+        gates_kernel[(n,)](
+            g if a_scalar else alpha, eta32 if e_scalar else eta, g, eta32, bad,
+            float(alpha) if a_scalar else 1.0, float(eta) if e_scalar else 0.0, T, NT * C, H, NT, s,
+            DK=DK, BK=launch.block(DK), C=C, PER_CHANNEL=per_channel, ALPHA_SCALAR=a_scalar, ETA_SCALAR=e_scalar,
+            num_warps=4 if per_channel else 1,
+        )
+    return g, eta32, bad
 
 
-def _check_gates(alpha: torch.Tensor, eta: torch.Tensor) -> None:
-    """The reference's errors for the gates (solvers.kla_chunkwise)."""
-    for name, x, low, low_open, high in (("alpha", alpha, 0.0, True, 1.0), ("eta", eta, 0.0, False, None)):
-        check.finite(name, x)
-        bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
-        if bad:
-            interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
-            raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
-                             f"got values in [{float(x.min())}, {float(x.max())}]")
+def _gate(name: str, x, k: torch.Tensor, channels: bool):
+    """A gate as the kernels take it: ``(value, per_channel)`` with value a float rounded to
+    k's dtype -- checked here, on the host -- or a contiguous ``(N, T, H[, d_k])`` tensor,
+    checked in ``gates_kernel``."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        value = torch.tensor(float(x), dtype=torch.float64).to(k.dtype)  # CPU: as the reference rounds it
+        _check_gate(name, value)
+        return float(value), False
+    t, per_channel = broadcast_gate(name, x, k.shape[:-1], k.shape if channels else None, k, check_finite=False)
+    return launch.flat(t, 3 if per_channel else 2), per_channel
+
+
+GATE_RANGES = {"alpha": (0.0, True, 1.0), "eta": (0.0, False, None)}  # (low, low open, high)
+
+
+def _check_gate(name: str, x: torch.Tensor) -> None:
+    """The reference's errors for a gate (solvers.kla_chunkwise)."""
+    low, low_open, high = GATE_RANGES[name]
+    check.finite(name, x)
+    bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
+    if bad:
+        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
+        raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
+                         f"got values in [{float(x.min())}, {float(x.max())}]")
+
+
+def _check_gates(alpha, eta) -> None:
+    for name, x in (("alpha", alpha), ("eta", eta)):
+        if isinstance(x, torch.Tensor):
+            _check_gate(name, x)
+
+
+def _zero_keys_flag(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A device flag for :func:`_zero_keys`: some key's squared norm is 0 in float32 while the
+    key or its value is not zero."""
+    vanishing = k.float().pow(2).sum(-1) == 0
+    return (vanishing & ((k != 0).any(-1) | (v != 0).any(-1))).any()
 
 
 def _zero_keys(k: torch.Tensor, v: torch.Tensor) -> None:
     """eps = 0 (KLA): a zero key needs a zero value, and no nonzero key may underflow (as
-    ``solvers.kla_chunkwise``); one pass over k, only when eps = 0."""
+    ``solvers.kla_chunkwise``)."""
     norms = k.float().pow(2).sum(-1)
     vanishing = norms == 0
     if not bool(vanishing.any()):
@@ -570,14 +752,14 @@ def _precision(p, dtype: torch.dtype) -> str:
     if p is None:
         return "bf16" if dtype == torch.bfloat16 else "ieee"
     if p not in PRECISIONS:
-        raise ValueError(f"input_precision must be one of {tuple(PRECISIONS)} or None, got {p!r}")
+        raise ValueError(f"input_precision must be one of {PRECISIONS} or None, got {p!r}")
     return p
 
 
 def kla_chunkwise(
     q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
     coefficient: str = "kaczmarz", normalize_queries: bool = True, bf16_mode: str = "storage",
-    return_final_state: bool = True, input_precision=None, out_dtype=None,
+    return_final_state: bool = True, input_precision=None, out_dtype=None, check_inputs=True,
 ):
     """KLA / GDN chunk by chunk (KLA Algorithm 1 right, Props. 3-4, App. B.5) on a GPU.
 
@@ -591,7 +773,12 @@ def kla_chunkwise(
     Extra options: ``input_precision`` -- the operands of the chunk GEMMs: ``"ieee"``
     (float32 default), ``"tf32x3"``, ``"tf32"`` or ``"bf16"`` (bfloat16 default; the model of
     flash-linear-attention), see the module docstring; ``out_dtype`` (default: the input
-    dtype) for o and S_T.
+    dtype) for o and S_T; ``check_inputs`` -- checks of values on the device (gates in range
+    and finite, non-finite inputs behind a non-finite result, zero keys when eps = 0): ``True``
+    (default) reads the kernels' flags at the end of the call, one synchronisation, and raises
+    the reference's error; a ``kernels.DeferredChecks`` records them for its ``verify()``;
+    ``False`` skips them. With either of the last two the call never synchronises or copies
+    between host and device, and can be captured in a CUDA graph (docs/kernels.md).
     """
     C = check.count("chunk_size", chunk_size, minimum=1)
     if C not in CHUNK_SIZES:
@@ -616,9 +803,9 @@ def kla_chunkwise(
         launch.dimension(name, d)
     prec = _precision(input_precision, q.dtype)
     odt = launch.out_dtype(out_dtype, q.dtype)
-    alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k, check_finite=False)
-    eta_t, _ = broadcast_gate("eta", eta, k.shape[:-1], None, k, check_finite=False)
-    gates_invalid = _gates_invalid(alpha_t, eta_t)
+    checks = launch.checks_for(check_inputs, q.device)
+    alpha_g, per_channel = _gate("alpha", alpha, k, channels=True)
+    eta_g, _ = _gate("eta", eta, k, channels=False)
     if initial_state is not None:
         S0 = launch.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", S0, "q", q)
@@ -631,18 +818,16 @@ def kla_chunkwise(
     else:
         S0 = None
     kaczmarz = coefficient == "kaczmarz"
-    if kaczmarz and eps == 0.0:
-        _zero_keys(k, v)
+    if checks is not None and kaczmarz and eps == 0.0:
+        checks.add(_zero_keys_flag(k, v), lambda: _zero_keys(k, v))
 
     N = math.prod(lead)
     q2, k2, v2 = (launch.flat(x, 3) for x in (q, k, v))
     o = launch.empty_out((N, T, H, DV), odt, q.device)
     ht = launch.empty_out((N, H, DK, DV), odt, q.device) if return_final_state else None
-    flags = torch.zeros(N * H * 8, dtype=torch.float32, device=q.device)  # 0: finite (recurrence_kernel)
     if N * H and T:
         NT = -(-T // C)
-        g = chunk_log_decay(launch.flat(alpha_t, 3 if per_channel else 2), C, per_channel)
-        eta2 = launch.flat(eta_t, 2).to(torch.float32)
+        g, eta32, bad = gate_tensors(alpha_g, eta_g, (N, T, H, DK), C, per_channel, q.device)
         h0 = None if S0 is None else launch.flat(S0, 3)
         store_dtype = torch.bfloat16 if prec == "bf16" else torch.float32
         A = launch.empty_out((N * H, NT, C, C), store_dtype, q.device)
@@ -650,34 +835,52 @@ def kla_chunkwise(
         BK = launch.block(DK)
         for s, n in launch.launches(N * H * NT):
             prepare_kernel[(n,)](
-                q2, k2, g, eta2, A, P, T, g.shape[1], H, NT, eps, s,
+                q2, k2, g, eta32, A, P, T, g.shape[1], H, NT, eps, s,
                 DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
                 PREC=PRECISIONS[prec], num_warps=4,
             )
-        _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries, prec)
+        flags = _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries,
+                            prec, store_dtype)
+        if checks is not None:
+            checks.add(bad.ne(0).any(), lambda: _check_gates(alpha_g, eta_g))
+            checks.add(~torch.stack([torch.isfinite(f).all() for f in flags]).all(),
+                       lambda: _explain_nonfinite(q, k, v, S0, normalize_queries))
     elif return_final_state:
         ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
     o = o.reshape(*lead, T, H, DV)
     S = None if ht is None else ht.reshape(*lead, H, DK, DV)
-    invalid, nonfinite = torch.stack([gates_invalid, ~torch.isfinite(flags).all()]).tolist()  # one synchronisation
-    if invalid:
-        _check_gates(alpha_t, eta_t)
-    if nonfinite:
-        _explain_nonfinite(q, k, v, S0, normalize_queries)
+    launch.finish_checks(check_inputs, checks)
     return (o, S) if return_final_state else o
 
 
-def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
-    NH = q2.shape[0] * H
-    common = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, HAS_H0=h0 is not None,
-                  NORMALIZE=normalize, STORE_FINAL=ht is not None, PREC=PRECISIONS[prec])
-    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags, T, g.shape[1], H, NT)
-    # at most 8 d_v blocks per head (BV >= 16): keep every launch within the grid limit
+def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec, store_dtype):
+    """Launch the recurrence (and, with SPLIT_OUTPUT, the output pass); returns their flags."""
+    N = q2.shape[0]
+    NH = N * H
+    split = SPLIT_OUTPUT
+    hs = launch.empty_out((NH, NT, DK, DV), store_dtype, q2.device) if split else o
+    u = launch.empty_out((N, T, H, DV), store_dtype, q2.device) if split else o
+    flags = [torch.empty(NH * 8, dtype=torch.float32, device=q2.device)]  # 8: d_v blocks per head, at most
+    common = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, NORMALIZE=normalize, PREC=PRECISIONS[prec])
+    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, hs, u, flags[0],
+            T, g.shape[1], H, NT)
+    _launch_blocks(recurrence_kernel, recurrence_tuned, NH, DV, args,
+                   dict(common, HAS_H0=h0 is not None, STORE_FINAL=ht is not None, SPLIT=split))
+    if split:
+        flags.append(torch.empty(NH * NT * 8, dtype=torch.float32, device=q2.device))
+        _launch_blocks(output_kernel, output_tuned, NH * NT, DV, (q2, g, P, hs, u, o, flags[1], T, g.shape[1], H, NT),
+                       common)
+    return flags
+
+
+def _launch_blocks(kernel, tuned, rows_total, DV, args, meta):
+    """``rows_total`` rows (heads, or head-chunks) of at most 8 d_v blocks each (BV >= 16),
+    in as few launches as the grid limit allows (one, short of 2^28 rows)."""
     per_launch = max(1, launch.MAX_GRID // 8)
-    for start in range(0, NH, per_launch):
-        heads = min(per_launch, NH - start)
+    for start in range(0, rows_total, per_launch):
+        n = min(per_launch, rows_total - start)
         if launch.interpreting():
             BV = min(64, launch.block(DV))
-            recurrence_kernel[(heads * triton.cdiv(DV, BV),)](*args, start, BV=BV, **common, num_warps=4)
+            kernel[(n * triton.cdiv(DV, BV),)](*args, start, BV=BV, **meta, num_warps=4)
         else:
-            recurrence_tuned[lambda meta: (heads * triton.cdiv(DV, meta["BV"]),)](*args, start, **common)
+            tuned[lambda m, n=n: (n * triton.cdiv(DV, m["BV"]),)](*args, start, **meta)

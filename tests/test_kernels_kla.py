@@ -133,24 +133,29 @@ def test_broken_missing_key_normalisation_fails():
 def test_broken_transposed_decay_mask_fails(monkeypatch):
     # A^T: exp(g_j - g_i) for the decay ratios (every log-decay negated)
     case = kla_case(30, d_k=8, d_v=4, alpha=(0.5, 1.0), chunk_size=16, seed=12)
-    original = kla_mod.chunk_log_decay
-    monkeypatch.setattr(kla_mod, "chunk_log_decay", lambda a, C, pc: -original(a, C, pc))
+    original = kla_mod.gate_tensors
+
+    def negated(*args):
+        g, eta, bad = original(*args)
+        return -g, eta, bad
+
+    monkeypatch.setattr(kla_mod, "gate_tensors", negated)
     assert excess(case, torch.float32, "ieee") > 1.0
 
 
 def test_broken_decay_off_by_one_fails(monkeypatch):
     # gamma_i = alpha_1 ... alpha_{i-1} within each chunk
     case = kla_case(30, d_k=8, d_v=4, alpha=(0.5, 1.0), chunk_size=16, seed=13)
-    original = kla_mod.chunk_log_decay
+    original = kla_mod.gate_tensors
 
-    def shifted(alpha, C, per_channel):
-        g = original(alpha, C, per_channel)
+    def shifted(alpha, eta, shape, C, *args):
+        g, eta32, bad = original(alpha, eta, shape, C, *args)
         N, Tp = g.shape[:2]
         g = g.reshape(N, Tp // C, C, *g.shape[2:])
         g = torch.cat([torch.zeros_like(g[:, :, :1]), g[:, :, :-1]], 2)
-        return g.reshape(N, Tp, *g.shape[3:]).contiguous()
+        return g.reshape(N, Tp, *g.shape[3:]).contiguous(), eta32, bad
 
-    monkeypatch.setattr(kla_mod, "chunk_log_decay", shifted)
+    monkeypatch.setattr(kla_mod, "gate_tensors", shifted)
     assert excess(case, torch.float32, "ieee") > 1.0
 
 
