@@ -338,3 +338,72 @@ def test_gpu_per_channel_decay_within_bound(dtype, precision):
     r = excess(case, dtype, precision)
     print(f"kla_chunkwise per-channel T=512 d_k=128 d_v=64 {dtype} {precision}: worst error/bound {r:.3g}")
     assert r <= 1.0
+
+
+# ----------------------------------------------------------------------------- checks read later
+
+
+def test_check_inputs_deferred_raises_the_same_errors_later():
+    # check_inputs=True raises at the call; a DeferredChecks raises the same error at verify();
+    # False returns without reading the flags. Each bad input is one the kernel flags on the
+    # device (a tensor gate out of range, a NaN gate, a NaN query, a zero key with eps = 0).
+    q, k, v = _small()
+    nan_q = q.clone()
+    nan_q[0, 1, 1, 0] = float("nan")
+    zero_k = k.clone()
+    zero_k[1, 4, 0] = 0.0
+    cases = [(dict(alpha=torch.full((9, 2), 1.5, device=DEVICE), eta=0.5), q, k, r"alpha must lie in \(0.0, 1.0\]"),
+             (dict(alpha=0.9, eta=torch.full((9, 2), -0.5, device=DEVICE)), q, k, r"eta must lie in \[0.0, inf\)"),
+             (dict(alpha=torch.tensor(float("nan"), device=DEVICE), eta=0.5), q, k, r"alpha has \d+ non-finite"),
+             (dict(alpha=0.9, eta=0.5), nan_q, k, "q has 1 non-finite"),
+             (dict(alpha=0.9, eta=0.5, eps=0.0), q, zero_k, "zero key with a nonzero value")]
+    for kw, qq, kk, message in cases:
+        with pytest.raises(ValueError, match=message):
+            kernels.kla_chunkwise(qq, kk, v, chunk_size=16, **kw)
+        checks = kernels.DeferredChecks()
+        o, _ = kernels.kla_chunkwise(qq, kk, v, chunk_size=16, check_inputs=checks, **kw)
+        assert o.shape == v.shape and len(checks) > 0
+        with pytest.raises(ValueError, match=message):
+            checks.verify()
+        kernels.kla_chunkwise(qq, kk, v, chunk_size=16, check_inputs=False, **kw)  # no error, no read
+    good = kernels.DeferredChecks()
+    o, S = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16,
+                                 check_inputs=good)
+    good.verify()  # nothing to raise
+    eager = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16)
+    unchecked = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16,
+                                      check_inputs=False)
+    assert torch.equal(o, eager[0]) and torch.equal(S, eager[1]) and torch.equal(o, unchecked[0])
+    with pytest.raises(TypeError, match="check_inputs must be"):
+        kernels.kla_chunkwise(q, k, v, alpha=0.9, eta=0.5, chunk_size=16, check_inputs="yes")
+
+
+def test_output_pass_equals_fused_outputs(monkeypatch):
+    # the separate output pass (SPLIT_OUTPUT) stores the state and U as the GEMM operands they
+    # are: bitwise the same outputs as computing them inside the recurrence
+    for dtype, precision in ((torch.float32, "ieee"), (torch.bfloat16, "bf16")):
+        q, k, v = _small(dtype, T=40, d_k=8, d_v=20)
+        alpha = 0.8 + 0.2 * torch.rand(2, 40, 2, 8, generator=torch.Generator().manual_seed(1))
+        kw = dict(alpha=alpha.to(DEVICE), eta=0.7, chunk_size=16, input_precision=precision)
+        split = kernels.kla_chunkwise(q, k, v, **kw)
+        monkeypatch.setattr(kla_mod, "SPLIT_OUTPUT", False)
+        fused = kernels.kla_chunkwise(q, k, v, **kw)
+        monkeypatch.setattr(kla_mod, "SPLIT_OUTPUT", True)
+        assert torch.equal(split[0], fused[0]) and torch.equal(split[1], fused[1])
+
+
+def test_gates_kernel_matches_chunk_log_decay():
+    # g from the kernel equals the PyTorch chunk_log_decay (the form other modules call)
+    g = torch.Generator().manual_seed(3)
+    for per_channel, C, T in ((False, 16, 37), (True, 32, 40)):
+        shape = (2, T, 3, 5) if per_channel else (2, T, 3)
+        alpha = (0.5 + 0.5 * torch.rand(shape, generator=g)).to(DEVICE)
+        eta = torch.rand(2, T, 3, generator=g).to(DEVICE)
+        gk, eta32, bad = kla_mod.gate_tensors(alpha, eta, (2, T, 3, 5), C, per_channel, alpha.device)
+        ref = kla_mod.chunk_log_decay(alpha, C, per_channel)
+        # bound: one float32 log per token and the running sum of at most C of them
+        assert gk.shape == ref.shape
+        assert float((gk - ref).abs().max()) <= C * 2 * unit_roundoff(torch.float32) * float(ref.abs().max())
+        assert torch.equal(eta32[:, :T], eta) and not bad.any()
+        alpha[0, 1, 1] = 2.0  # one token of one head: one (sequence, chunk, head) program flags it
+        assert kla_mod.gate_tensors(alpha, eta, (2, T, 3, 5), C, per_channel, alpha.device)[2].sum() == 1
