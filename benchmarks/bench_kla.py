@@ -160,6 +160,7 @@ def _rel_err(o, ref) -> float:
 
 def suite(results: list, ceil: dict | None = None, quick: bool = False, profile: bool = False) -> None:
     import kernels
+    from kernels import kla as kla_mod
 
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
@@ -198,6 +199,10 @@ def suite(results: list, ceil: dict | None = None, quick: bool = False, profile:
             if profile:
                 print(breakdown(ours(p), f"kernels.kla_chunkwise {name} {p}"), file=sys.stderr)
             record(f"kernels.kla_chunkwise {p}", ours(p), extra={"precision": p, "check_inputs": False})
+            if profile:  # the alternative the output pass replaced: outputs inside the recurrence
+                kla_mod.SPLIT_OUTPUT = False
+                record(f"kernels.kla_chunkwise {p}, outputs in the recurrence", ours(p), extra={"precision": p})
+                kla_mod.SPLIT_OUTPUT = True
             if p in ("bf16", "ieee"):
                 record(f"kernels.kla_chunkwise {p}, check_inputs=True", ours(p, True), ours(p),
                        {"precision": p, "check_inputs": True})
