@@ -96,7 +96,7 @@ def suite(results: list, ceil: dict | None = None, quick: bool = False, profile:
                     err = float((y[:SUBSAMPLE].double() - ref).norm() / ref.norm())
                     if profile and op != chain_op:
                         print(breakdown(fn, f"{op} r={r}", calls=3), file=sys.stderr)
-                    t = timings(fn, graph_fn, calls=5, rounds=4 if quick else 10)
+                    t = timings(fn, graph_fn, calls=5, rounds=4 if quick else 6)
                 except Exception as e:  # noqa: BLE001 - report, do not crash the suite
                     results.append({"suite": "koopman", "op": op, "N": N, "r": r, "error": repr(e)[:300]})
                     print(f"  {op:50s} r={r:3d} FAILED {e!r:.200}", file=sys.stderr)

@@ -159,31 +159,34 @@ def channel_gram(p_x, p_y, p_g, base_k, base_g, t_i, t_j, m_i, m_j, H, DK: tl.co
 
 
 @triton.jit
-def substitution_step(N, Y, i, o):
+def substitution_step(p_N, Y, i, o, stride):
     """Row i of ``Y = (I + N)^{-1} - I`` from the rows above it (forward substitution on the
-    columns of I, Higham Alg. 8.1): ``Y_i = -N_i - sum_{j<i} N_ij Y_j``."""
-    a = tl.sum(tl.where((o == i)[:, None], -N, 0.0), axis=0)
+    columns of I, Higham Alg. 8.1): ``Y_i = -N_i - sum_{j<i} N_ij Y_j``. Row i of N is read
+    back from its copy at p_N (rows ``stride`` apart): a load, where extracting it from the
+    register tile would be a reduction across threads on the program's critical path."""
+    a = -tl.load(p_N + i * stride + o)
     a = tl.where(o < i, a, 0.0)
     a = a + tl.sum(a[:, None] * Y, axis=0)
     return tl.where((o == i)[:, None], a[None, :], Y)
 
 
 @triton.jit
-def invert_diagonal_blocks(N0, N1, N2, N3, NB: tl.constexpr):
+def invert_diagonal_blocks(N0, N1, N2, N3, NB: tl.constexpr, p_N, C: tl.constexpr):
     """``(I + N_b)^{-1}`` of the NB strictly lower 16 x 16 diagonal blocks by forward
-    substitution, float32, in one loop so that the independent substitutions overlap."""
+    substitution, float32, in one loop so that the independent substitutions overlap; p_N:
+    the chunk's C x C N in the program's scratch (substitution_step reads its rows)."""
     o = tl.arange(0, SUB)
     Y0 = -N0  # rows 0 and 1 of X - I are already -N
     Y1 = -N1
     Y2 = -N2
     Y3 = -N3
     for i in range(2, SUB):
-        Y0 = substitution_step(N0, Y0, i, o)
+        Y0 = substitution_step(p_N, Y0, i, o, C)
         if NB > 1:
-            Y1 = substitution_step(N1, Y1, i, o)
+            Y1 = substitution_step(p_N + SUB * C + SUB, Y1, i, o, C)
         if NB > 2:
-            Y2 = substitution_step(N2, Y2, i, o)
-            Y3 = substitution_step(N3, Y3, i, o)
+            Y2 = substitution_step(p_N + 2 * SUB * (C + 1), Y2, i, o, C)
+            Y3 = substitution_step(p_N + 3 * SUB * (C + 1), Y3, i, o, C)
     eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
     return Y0 + eye, Y1 + eye, Y2 + eye, Y3 + eye
 
@@ -197,8 +200,10 @@ def store_block(p_A, base_a, i: tl.constexpr, j: tl.constexpr, X, C: tl.constexp
 
 
 @triton.jit
-def sub_block(p, base, t0, b: tl.constexpr, T, stride, c0, D: tl.constexpr, BD: tl.constexpr):
-    return rows(p, base, t0 + b * SUB, T, stride, c0, D, BD, SUB)
+def scratch_block(p_N, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
+    """Block (i, j) of the C x C float32 matrix at p_N."""
+    o = tl.arange(0, SUB)
+    return tl.load(p_N + (o + i * SUB)[:, None] * C + (o + j * SUB)[None, :])
 
 
 @triton.jit
@@ -209,14 +214,16 @@ def sq_norms(K):
 
 @triton.jit
 def prepare_kernel(
-    p_q, p_k, p_g, p_eta, p_A, p_P, T, Tp, H, NT, eps, start,
+    p_q, p_k, p_g, p_eta, p_A, p_P, p_scr, T, Tp, H, NT, eps, start,
     DK: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
     KACZMARZ: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr,
 ):
     """One program per (chunk, head): X' = (I + L)^{-1} B and P of the chunk (module docstring).
 
-    Keys and queries are read in slices of BKS columns, accumulating ||k||^2, the Gram blocks
-    K_b K_c^T of the 16-token sub-blocks b >= c and Q K^T, so only one slice is on chip at a time."""
+    Keys and queries are read in slices of BKS columns, accumulating ||k||^2 and the C x C
+    products K K^T and Q K^T, so only one slice is on chip at a time. ``N = B L`` goes to the
+    program's float32 scratch at ``p_scr`` (C x C, then beta), from which the 16 x 16 blocks of
+    the block forward substitution are read back."""
     pid = tl.program_id(0).to(tl.int64) + start
     i_nh = pid // NT
     i_t = pid % NT
@@ -230,148 +237,81 @@ def prepare_kernel(
     else:
         base_g = i_n * Tp * H + i_h
     base_a = (i_nh * NT + i_t) * C * C
+    p_N = p_scr + pid * (C * C + C)
     HD = H * DK
-    o_s = tl.arange(0, SUB).to(tl.int64)
     o_c = tl.arange(0, C)
     t = t0 + o_c.to(tl.int64)
     m_t = t < T
-    t_0 = t0 + o_s
-    t_1 = t_0 + SUB
-    t_2 = t_1 + SUB
-    t_3 = t_2 + SUB
+    tile = o_c[:, None] * C + o_c[None, :]
 
-    # squared key norms, Gram blocks (per head) and Q K^T, d_k in slices of BKS
-    z16 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    n0 = tl.zeros([SUB], dtype=tl.float32)
-    n1 = tl.zeros([SUB], dtype=tl.float32)
-    n2 = tl.zeros([SUB], dtype=tl.float32)
-    n3 = tl.zeros([SUB], dtype=tl.float32)
-    G00 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G10 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G11 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G20 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G21 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G22 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G30 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G31 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G32 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G33 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    # squared key norms, K K^T and Q K^T, d_k in slices of BKS
+    n = tl.zeros([C], dtype=tl.float32)
+    Gm = tl.zeros([C, C], dtype=tl.float32)
     P = tl.zeros([C, C], dtype=tl.float32)
     for c0 in range(0, DK, BKS):
-        K0 = sub_block(p_k, base_k, t0, 0, T, HD, c0, DK, BKS)
-        n0 += sq_norms(K0)
-        if NB > 1:
-            K1 = sub_block(p_k, base_k, t0, 1, T, HD, c0, DK, BKS)
-            n1 += sq_norms(K1)
-        if NB > 2:
-            K2 = sub_block(p_k, base_k, t0, 2, T, HD, c0, DK, BKS)
-            K3 = sub_block(p_k, base_k, t0, 3, T, HD, c0, DK, BKS)
-            n2 += sq_norms(K2)
-            n3 += sq_norms(K3)
+        Kt = rows(p_k, base_k, t0, T, HD, c0, DK, BKS, C)
+        n += sq_norms(Kt)
         if not PER_CHANNEL:
-            P += mm(rows(p_q, base_k, t0, T, HD, c0, DK, BKS, C), tl.trans(rows(p_k, base_k, t0, T, HD, c0, DK, BKS, C)), PREC)
-            G00 += mm(K0, tl.trans(K0), PREC)
-            if NB > 1:
-                G10 += mm(K1, tl.trans(K0), PREC)
-                G11 += mm(K1, tl.trans(K1), PREC)
-            if NB > 2:
-                G20 += mm(K2, tl.trans(K0), PREC)
-                G21 += mm(K2, tl.trans(K1), PREC)
-                G22 += mm(K2, tl.trans(K2), PREC)
-                G30 += mm(K3, tl.trans(K0), PREC)
-                G31 += mm(K3, tl.trans(K1), PREC)
-                G32 += mm(K3, tl.trans(K2), PREC)
-                G33 += mm(K3, tl.trans(K3), PREC)
+            P += mm(rows(p_q, base_k, t0, T, HD, c0, DK, BKS, C), tl.trans(Kt), PREC)
+            Gm += mm(Kt, tl.trans(Kt), PREC)
 
-    # P = A . Q K^T over the whole chunk (diagonal included)
+    # P = A . Q K^T (diagonal included), L = A^- . K K^T (strictly lower)
     if PER_CHANNEL:
         P = channel_gram(p_q, p_k, p_g, base_k, base_g, t, t, m_t, m_t, H, DK, True, False)
+        L = channel_gram(p_k, p_k, p_g, base_k, base_g, t, t, m_t, m_t, H, DK, False, True)
     else:
-        g = tl.load(p_g + base_g + t * H)
+        g = tl.load(p_g + base_g + t * H)  # padded rows hold g of the last token (log 1 = 0 added)
         P = decay_mask(P, g, g, m_t, m_t, False)
         P = tl.where((o_c[:, None] >= o_c[None, :]), P, 0.0)
-    tl.store(p_P + base_a + o_c[:, None] * C + o_c[None, :], stored(P, p_P.dtype.element_ty))
+        L = decay_mask(Gm, g, g, m_t, m_t, True)
+    tl.store(p_P + base_a + tile, stored(P, p_P.dtype.element_ty))
 
     # beta (Kaczmarz eq. (3)): a zero key with eps = 0 gets no write
-    m0 = t_0 < T
-    m1 = t_1 < T
-    m2 = t_2 < T
-    m3 = t_3 < T
+    eta = tl.load(p_eta + base_e + t * H, mask=m_t, other=0.0)
     if KACZMARZ:
-        d0 = n0 + eps
-        d1 = n1 + eps
-        d2 = n2 + eps
-        d3 = n3 + eps
-        b0 = tl.where(d0 > 0, tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0) / tl.where(d0 > 0, d0, 1.0), 0.0)
-        b1 = tl.where(d1 > 0, tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0) / tl.where(d1 > 0, d1, 1.0), 0.0)
-        b2 = tl.where(d2 > 0, tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0) / tl.where(d2 > 0, d2, 1.0), 0.0)
-        b3 = tl.where(d3 > 0, tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0) / tl.where(d3 > 0, d3, 1.0), 0.0)
+        d = n + eps
+        beta = tl.where(d > 0, eta / tl.where(d > 0, d, 1.0), 0.0)
     else:
-        b0 = tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0)
-        b1 = tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0)
-        b2 = tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0)
-        b3 = tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0)
+        beta = eta
+    tl.store(p_N + tile, beta[:, None] * L)
+    tl.store(p_N + C * C + o_c, beta)
+    tl.debug_barrier()  # the blocks are read by other threads than wrote them
 
-    # L = B (A^- . K K^T), block (b, c) for b >= c
-    if PER_CHANNEL:
-        L00 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_0, t_0, m0, m0, H, DK, False, True)
-        if NB > 1:
-            L10 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_0, m1, m0, H, DK, False, False)
-            L11 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_1, m1, m1, H, DK, False, True)
-        if NB > 2:
-            L20 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_0, m2, m0, H, DK, False, False)
-            L21 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_1, m2, m1, H, DK, False, False)
-            L22 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_2, m2, m2, H, DK, False, True)
-            L30 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_0, m3, m0, H, DK, False, False)
-            L31 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_1, m3, m1, H, DK, False, False)
-            L32 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_2, m3, m2, H, DK, False, False)
-            L33 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_3, m3, m3, H, DK, False, True)
-    else:
-        g0 = tl.load(p_g + base_g + t_0 * H)  # padded rows hold g of the last token (log 1 = 0 added)
-        L00 = decay_mask(G00, g0, g0, m0, m0, True)
-        if NB > 1:
-            g1 = tl.load(p_g + base_g + t_1 * H)
-            L10 = decay_mask(G10, g1, g0, m1, m0, False)
-            L11 = decay_mask(G11, g1, g1, m1, m1, True)
-        if NB > 2:
-            g2 = tl.load(p_g + base_g + t_2 * H)
-            g3 = tl.load(p_g + base_g + t_3 * H)
-            L20 = decay_mask(G20, g2, g0, m2, m0, False)
-            L21 = decay_mask(G21, g2, g1, m2, m1, False)
-            L22 = decay_mask(G22, g2, g2, m2, m2, True)
-            L30 = decay_mask(G30, g3, g0, m3, m0, False)
-            L31 = decay_mask(G31, g3, g1, m3, m1, False)
-            L32 = decay_mask(G32, g3, g2, m3, m2, False)
-            L33 = decay_mask(G33, g3, g3, m3, m3, True)
-
-    # (I + L)^{-1}: substitution on the diagonal blocks, then block forward substitution on the
-    # columns of I, X_bc = -X_bb sum_{c<=m<b} L_bm X_mc; stored as X' = X diag(beta)
-    N1 = z16
-    N2 = z16
-    N3 = z16
+    # (I + N)^{-1}, N = B L: substitution on the diagonal blocks, then block forward
+    # substitution on the columns of I, X_bc = -X_bb sum_{c<=m<b} N_bm X_mc; stored as
+    # X' = X diag(beta)
+    o_s = tl.arange(0, SUB)
+    b0 = tl.load(p_N + C * C + o_s)
+    z16 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    N11 = z16
+    N22 = z16
+    N33 = z16
     if NB > 1:
-        N1 = b1[:, None] * L11
+        N11 = scratch_block(p_N, 1, 1, C)
     if NB > 2:
-        N2 = b2[:, None] * L22
-        N3 = b3[:, None] * L33
-    X00, X11, X22, X33 = invert_diagonal_blocks(b0[:, None] * L00, N1, N2, N3, NB)
+        N22 = scratch_block(p_N, 2, 2, C)
+        N33 = scratch_block(p_N, 3, 3, C)
+    X00, X11, X22, X33 = invert_diagonal_blocks(scratch_block(p_N, 0, 0, C), N11, N22, N33, NB, p_N, C)
     store_block(p_A, base_a, 0, 0, X00 * b0[None, :], C)
     if NB > 1:
-        X10 = -mm_ieee(X11, mm_ieee(b1[:, None] * L10, X00))
+        b1 = tl.load(p_N + C * C + SUB + o_s)
+        X10 = -mm_ieee(X11, mm_ieee(scratch_block(p_N, 1, 0, C), X00))
         store_block(p_A, base_a, 0, 1, z16, C)
         store_block(p_A, base_a, 1, 0, X10 * b0[None, :], C)
         store_block(p_A, base_a, 1, 1, X11 * b1[None, :], C)
     if NB > 2:
-        L20 = b2[:, None] * L20
-        L21 = b2[:, None] * L21
-        L30 = b3[:, None] * L30
-        L31 = b3[:, None] * L31
-        L32 = b3[:, None] * L32
-        X21 = -mm_ieee(X22, mm_ieee(L21, X11))
-        X20 = -mm_ieee(X22, mm_ieee(L20, X00) + mm_ieee(L21, X10))
-        X32 = -mm_ieee(X33, mm_ieee(L32, X22))
-        X31 = -mm_ieee(X33, mm_ieee(L31, X11) + mm_ieee(L32, X21))
-        X30 = -mm_ieee(X33, mm_ieee(L30, X00) + mm_ieee(L31, X10) + mm_ieee(L32, X20))
+        b2 = tl.load(p_N + C * C + 2 * SUB + o_s)
+        b3 = tl.load(p_N + C * C + 3 * SUB + o_s)
+        N20 = scratch_block(p_N, 2, 0, C)
+        N21 = scratch_block(p_N, 2, 1, C)
+        N30 = scratch_block(p_N, 3, 0, C)
+        N31 = scratch_block(p_N, 3, 1, C)
+        N32 = scratch_block(p_N, 3, 2, C)
+        X21 = -mm_ieee(X22, mm_ieee(N21, X11))
+        X20 = -mm_ieee(X22, mm_ieee(N20, X00) + mm_ieee(N21, X10))
+        X32 = -mm_ieee(X33, mm_ieee(N32, X22))
+        X31 = -mm_ieee(X33, mm_ieee(N31, X11) + mm_ieee(N32, X21))
+        X30 = -mm_ieee(X33, mm_ieee(N30, X00) + mm_ieee(N31, X10) + mm_ieee(N32, X20))
         store_block(p_A, base_a, 2, 0, X20 * b0[None, :], C)
         store_block(p_A, base_a, 2, 1, X21 * b1[None, :], C)
         store_block(p_A, base_a, 2, 2, X22 * b2[None, :], C)
@@ -476,18 +416,17 @@ def finite_flag(p_flag, i_row, i_v, value, NV: tl.constexpr):
 
 @triton.jit
 def recurrence_kernel(
-    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_hs, p_u, p_flag, T, Tp, H, NT, nh_start,
+    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_H0: tl.constexpr, NORMALIZE: tl.constexpr, STORE_FINAL: tl.constexpr,
-    SPLIT: tl.constexpr, PREC: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """One program per (head, d_v block): the chunks in order, state block in float32.
 
-    SPLIT: the outputs are left to ``output_kernel``, which runs over all chunks at once; this
-    program stores each chunk's incoming state and U as the GEMM operands they are (bf16 in the
-    BF16 model), so the outputs are the same numbers either way. ``p_flag[8 i_nh + i_v]`` gets
-    0 when every value it checked (outputs unless SPLIT, the final state) is finite, NaN
-    otherwise (the sum of 0 x each value), so the host checks one small tensor."""
+    ``p_flag[8 i_nh + i_v]`` gets 0 when every output and the final state are finite and NaN
+    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o. (A
+    separate pass computing the outputs of all chunks at once, from stored states, was slower
+    on an H200: 0.74 against 0.56 ms at B=4, T=4096, H=16, D=128 in bf16; docs/performance.md.)"""
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
@@ -529,18 +468,12 @@ def recurrence_kernel(
             KS = mm(K, S_op, PREC) * tl.exp(g)[:, None]
         U = mm(A, V.to(tl.float32) - KS, PREC)
         m_o = m_t[:, None] & m_v[None, :]
-        if SPLIT:
-            tl.store(p_hs + (i_nh * NT + i_t) * DK * DV + o_k[:, None] * DV + o_v[None, :],
-                     S_op, mask=m_state)  # the operand dtype is the buffer's (bf16 in BF16)
-            tl.store(p_u + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :]),
-                     operand(U, PREC), mask=m_o)
-        else:
-            Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
-            P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
-            O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
-            p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
-            tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_o)
-            finite += tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1)
+        Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
+        P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
+        O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
+        p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
+        tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_o)
+        finite += tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1)
         if PER_CHANNEL:
             Rr = tl.where(m_t[:, None], tl.exp(g_last[None, :] - g), 0.0)
             S = tl.exp(g_last)[:, None] * S + mm(tl.trans(K.to(tl.float32) * Rr), U, PREC)
@@ -554,46 +487,14 @@ def recurrence_kernel(
     finite_flag(p_flag, i_nh, i_v, flag, NV)
 
 
-@triton.jit
-def output_kernel(
-    p_q, p_g, p_P, p_hs, p_u, p_o, p_flag, T, Tp, H, NT, start,
-    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
-    PER_CHANNEL: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
-):
-    """One program per (head, chunk, d_v block), all at once: the chunk's outputs from the
-    incoming state and U that ``recurrence_kernel`` stored (eq. (8)); ``p_flag[8 i_c + i_v]``
-    as there."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_v = pid % NV
-    i_c = pid // NV + start  # i_nh * NT + i_t
-    i_t = i_c % NT
-    i_nh = i_c // NT
-    i_n = i_nh // H
-    i_h = i_nh % H
-    t0 = i_t * C
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < DV
-    o_c = tl.arange(0, C)
-    m_t = (t0 + o_c) < T
-    base_k = (i_n * T * H + i_h) * DK
-    base_v = (i_n * T * H + i_h) * DV
-    if PER_CHANNEL:
-        base_g = (i_n * Tp * H + i_h) * DK
-    else:
-        base_g = i_n * Tp * H + i_h
-    m_o = m_t[:, None] & m_v[None, :]
-    Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
-    S_op = tl.load(p_hs + i_c * DK * DV + o_k[:, None] * DV + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.0)
-    P = tl.load(p_P + i_c * C * C + o_c[:, None] * C + o_c[None, :])
-    p_tile = (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
-    U = tl.load(p_u + p_tile, mask=m_o, other=0.0)
-    g, g_last = chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK, PER_CHANNEL)
-    O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
-    tl.store(p_o + p_tile, stored(O, p_o.dtype.element_ty), mask=m_o)
-    finite_flag(p_flag, i_c, i_v, tl.sum(tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1), axis=0), NV)
+# Warps and pipelining depth of prepare_kernel, autotuned on a GPU: the substitutions on 16 x 16
+# blocks favour few warps, the Gram products more; (4, 3) was the fixed choice before.
+prepare_tuned = triton.autotune(
+    configs=[triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 3), (2, 3), (8, 3), (4, 1))],
+    key=["DK", "C", "NB", "KACZMARZ", "PER_CHANNEL", "PREC"],
+    prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: (
+        configs[:1] if kw["PER_CHANNEL"] else configs[::2] if kw["PREC"] == PRECISIONS["ieee"] else configs)},
+)(prepare_kernel)
 
 
 def _recurrence_configs():
@@ -617,26 +518,12 @@ def _prune(configs, named_args, **kwargs):
 # Autotuned on a GPU (the interpreter cannot time); keyed on everything that shapes the work.
 recurrence_tuned = triton.autotune(
     configs=_recurrence_configs(),
-    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE", "SPLIT"],
+    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
     prune_configs_by={"early_config_prune": _prune},
 )(recurrence_kernel)
 
-# The output pass is parallel over chunks: wider d_v blocks than the recurrence can afford.
-output_tuned = triton.autotune(
-    configs=[triton.Config({"BV": bv}, num_warps=w, num_stages=s)
-             for bv, w, s in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))],
-    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
-    prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: (
-        configs if kw["PREC"] == PRECISIONS["bf16"] and not kw["PER_CHANNEL"] else configs[:2])},
-)(output_kernel)
-
 
 # ----------------------------------------------------------------------------- host side
-
-# Outputs in a separate pass over all chunks at once (output_kernel) rather than inside the
-# sequential recurrence; the same numbers either way (recurrence_kernel's docstring).
-SPLIT_OUTPUT = True
-
 
 def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Tensor:
     """``g_i = sum_{r<=i} log alpha_r`` within each chunk of C tokens, float32, with T padded to
@@ -833,17 +720,20 @@ def kla_chunkwise(
         A = launch.empty_out((N * H, NT, C, C), store_dtype, q.device)
         P = launch.empty_out((N * H, NT, C, C), store_dtype, q.device)
         BK = launch.block(DK)
+        scratch = torch.empty(N * H * NT * (C + 1) * C, dtype=torch.float32, device=q.device)  # prepare_kernel's N, beta
         for s, n in launch.launches(N * H * NT):
-            prepare_kernel[(n,)](
-                q2, k2, g, eta32, A, P, T, g.shape[1], H, NT, eps, s,
-                DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
-                PREC=PRECISIONS[prec], num_warps=4,
-            )
+            meta = dict(DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
+                        PREC=PRECISIONS[prec])
+            args = (q2, k2, g, eta32, A, P, scratch, T, g.shape[1], H, NT, eps, s)
+            if launch.interpreting():
+                prepare_kernel[(n,)](*args, **meta, num_warps=4)
+            else:
+                prepare_tuned[(n,)](*args, **meta)
         flags = _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries,
-                            prec, store_dtype)
+                            prec)
         if checks is not None:
             checks.add(bad.ne(0).any(), lambda: _check_gates(alpha_g, eta_g))
-            checks.add(~torch.stack([torch.isfinite(f).all() for f in flags]).all(),
+            checks.add(~torch.isfinite(flags).all(),
                        lambda: _explain_nonfinite(q, k, v, S0, normalize_queries))
     elif return_final_state:
         ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
@@ -853,23 +743,15 @@ def kla_chunkwise(
     return (o, S) if return_final_state else o
 
 
-def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec, store_dtype):
-    """Launch the recurrence (and, with SPLIT_OUTPUT, the output pass); returns their flags."""
-    N = q2.shape[0]
-    NH = N * H
-    split = SPLIT_OUTPUT
-    hs = launch.empty_out((NH, NT, DK, DV), store_dtype, q2.device) if split else o
-    u = launch.empty_out((N, T, H, DV), store_dtype, q2.device) if split else o
-    flags = [torch.empty(NH * 8, dtype=torch.float32, device=q2.device)]  # 8: d_v blocks per head, at most
-    common = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, NORMALIZE=normalize, PREC=PRECISIONS[prec])
-    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, hs, u, flags[0],
+def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
+    """Launch the recurrence; returns its finiteness flags (recurrence_kernel)."""
+    NH = q2.shape[0] * H
+    flags = torch.empty(NH * 8, dtype=torch.float32, device=q2.device)  # 8: d_v blocks per head, at most
+    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags,
             T, g.shape[1], H, NT)
-    _launch_blocks(recurrence_kernel, recurrence_tuned, NH, DV, args,
-                   dict(common, HAS_H0=h0 is not None, STORE_FINAL=ht is not None, SPLIT=split))
-    if split:
-        flags.append(torch.empty(NH * NT * 8, dtype=torch.float32, device=q2.device))
-        _launch_blocks(output_kernel, output_tuned, NH * NT, DV, (q2, g, P, hs, u, o, flags[1], T, g.shape[1], H, NT),
-                       common)
+    meta = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, NORMALIZE=normalize, PREC=PRECISIONS[prec],
+                HAS_H0=h0 is not None, STORE_FINAL=ht is not None)
+    _launch_blocks(recurrence_kernel, recurrence_tuned, NH, DV, args, meta)
     return flags
 
 

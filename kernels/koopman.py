@@ -190,10 +190,11 @@ def koopman_kernel(
 
 
 def _prune(configs, named_args, **kwargs):
-    """Warps worth timing (scripts/compile_sm90.py): r <= 32 compiles without spills at 4 warps;
-    r = 64 spills with CUDA-core products below 8 warps and not with tf32x3 at 4."""
+    """Warps worth timing (scripts/compile_sm90.py): r <= 32 compiles without spills at 4 warps
+    (and 2: fewer threads per reduction over the small tile); r = 64 spills with CUDA-core
+    products below 8 warps and not with tf32x3 at 4."""
     if kwargs["R"] <= 32:
-        keep = (4,)
+        keep = (2, 4)
     elif kwargs["PREC"] == 0:
         keep = (8, 16)
     else:
@@ -203,7 +204,7 @@ def _prune(configs, named_args, **kwargs):
 
 # Autotuned on a GPU over the warps per system (the interpreter cannot time).
 koopman_tuned = triton.autotune(
-    configs=[triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8, 16)],
+    configs=[triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4, 8, 16)],
     key=["R", "BP", "BQ", "STORE_INFO", "PREC"],
     prune_configs_by={"early_config_prune": _prune},
 )(koopman_kernel)

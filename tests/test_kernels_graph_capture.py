@@ -100,9 +100,8 @@ def _koopman_inputs(seed, r, N=512, T=96, P=64, Q=64):
     return [s.G, s.M, s.Cv, s.scale, zq], s.eps
 
 
-@pytest.mark.parametrize("r", [24, 48, 64])
-@pytest.mark.parametrize("precision", ["ieee", "tf32x3"])
-@pytest.mark.parametrize("return_info", [False, True])
+@pytest.mark.parametrize("r,precision,return_info", [(24, "tf32x3", False), (24, "ieee", False), (48, "ieee", True),
+                                                     (48, "tf32x3", False), (64, "tf32x3", True), (64, "ieee", False)])
 def test_koopman_graph_replay_equals_eager(r, precision, return_info):
     static, eps = _koopman_inputs(0, r)
 
