@@ -13,15 +13,22 @@ of C tokens with incoming state S_0, cumulative log decay g (``g_i = sum_{r<=i} 
 
 Per-channel decay (App. B.5) replaces every decay product by its elementwise form.
 
-Two kernels (kernels/kla.py, docs/kernels.md "KLA"):
+Three kernels (docs/kernels.md "KLA"), launched with no host-device copy or synchronisation:
 
-1. ``prepare_kernel``, one program per (chunk, head), all chunks at once: beta from the keys
-   (the Kaczmarz normalisation happens here, in float32), the decayed Gram blocks of L, the
+1. ``gates_kernel``, one program per (sequence, chunk, head): the chunk-local cumulative log
+   decay g, eta in float32, and a flag per program when a gate is out of range or not finite;
+2. ``prepare_kernel``, one program per (chunk, head), all chunks at once: beta from the keys
+   (the Kaczmarz normalisation happens here, in float32), the decayed C x C Gram matrix L, the
    unit-lower inverse ``(I + L)^{-1}`` by forward substitution on the 16 x 16 diagonal blocks and
    block forward substitution for the rest (fp32, ``input_precision="ieee"``), and P; X' and P
-   are stored per chunk.
-2. ``recurrence_kernel``, one program per (head, block of d_v columns), walks the chunks in
-   order with the state block in float32 registers: the products above, outputs, state update.
+   are stored per chunk;
+3. ``recurrence_kernel``, one program per (head, block of d_v columns), walks the chunks in
+   order with the state block in float32 registers: the products above, outputs, state update,
+   and a finiteness flag per program.
+
+The flags are read at the end of the call (``check_inputs=True``, one synchronisation), later
+(a ``kernels.DeferredChecks``) or not at all (``False``); the last two make a call capturable in
+a CUDA graph.
 
 Precision model (``input_precision``): every product with a d_k, d_v or chunk-length inner
 dimension is a ``tl.dot`` accumulated in float32, whose *operands* are
@@ -212,9 +219,9 @@ def sq_norms(K):
     return tl.sum(Kf * Kf, axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["grid_size"])
 def prepare_kernel(
-    p_q, p_k, p_g, p_eta, p_A, p_P, p_scr, T, Tp, H, NT, eps, start,
+    p_q, p_k, p_g, p_eta, p_A, p_P, p_scr, T, Tp, H, NT, eps, start, grid_size,
     DK: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
     KACZMARZ: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -223,7 +230,8 @@ def prepare_kernel(
     Keys and queries are read in slices of BKS columns, accumulating ||k||^2 and the C x C
     products K K^T and Q K^T, so only one slice is on chip at a time. ``N = B L`` goes to the
     program's float32 scratch at ``p_scr`` (C x C, then beta), from which the 16 x 16 blocks of
-    the block forward substitution are read back."""
+    the block forward substitution are read back. ``grid_size``: unused here, an autotuning key
+    (:func:`grid_bucket`)."""
     pid = tl.program_id(0).to(tl.int64) + start
     i_nh = pid // NT
     i_t = pid % NT
@@ -414,9 +422,9 @@ def finite_flag(p_flag, i_row, i_v, value, NV: tl.constexpr):
     tl.store(p_flag + i_row * 8 + o8, tl.where(mine, value, 0.0), mask=mine | absent)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["grid_size"])
 def recurrence_kernel(
-    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, nh_start,
+    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, grid_size, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_H0: tl.constexpr, NORMALIZE: tl.constexpr, STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
@@ -424,7 +432,8 @@ def recurrence_kernel(
     """One program per (head, d_v block): the chunks in order, state block in float32.
 
     ``p_flag[8 i_nh + i_v]`` gets 0 when every output and the final state are finite and NaN
-    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o. (A
+    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o.
+    ``grid_size``: unused here, an autotuning key (:func:`grid_bucket`). (A
     separate pass computing the outputs of all chunks at once, from stored states, was slower
     on an H200: 0.74 against 0.56 ms at B=4, T=4096, H=16, D=128 in bf16; docs/performance.md.)"""
     NV: tl.constexpr = (DV + BV - 1) // BV
@@ -491,7 +500,7 @@ def recurrence_kernel(
 # blocks favour few warps, the Gram products more; (4, 3) was the fixed choice before.
 prepare_tuned = triton.autotune(
     configs=[triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 3), (2, 3), (8, 3), (4, 1))],
-    key=["DK", "C", "NB", "KACZMARZ", "PER_CHANNEL", "PREC"],
+    key=["DK", "C", "NB", "KACZMARZ", "PER_CHANNEL", "PREC", "grid_size"],
     prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: (
         configs[:1] if kw["PER_CHANNEL"] else configs[::2] if kw["PREC"] == PRECISIONS["ieee"] else configs)},
 )(prepare_kernel)
@@ -518,7 +527,7 @@ def _prune(configs, named_args, **kwargs):
 # Autotuned on a GPU (the interpreter cannot time); keyed on everything that shapes the work.
 recurrence_tuned = triton.autotune(
     configs=_recurrence_configs(),
-    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
+    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE", "grid_size"],
     prune_configs_by={"early_config_prune": _prune},
 )(recurrence_kernel)
 
@@ -724,7 +733,7 @@ def kla_chunkwise(
         for s, n in launch.launches(N * H * NT):
             meta = dict(DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
                         PREC=PRECISIONS[prec])
-            args = (q2, k2, g, eta32, A, P, scratch, T, g.shape[1], H, NT, eps, s)
+            args = (q2, k2, g, eta32, A, P, scratch, T, g.shape[1], H, NT, eps, s, grid_bucket(N * H * NT))
             if launch.interpreting():
                 prepare_kernel[(n,)](*args, **meta, num_warps=4)
             else:
@@ -743,26 +752,28 @@ def kla_chunkwise(
     return (o, S) if return_final_state else o
 
 
+def grid_bucket(programs: int) -> int:
+    """The number of programs rounded up to a power of two: part of the autotuning key, so that
+    a configuration chosen for a small grid (a test at B=2, H=4: 0.32 ms per call at B=4, H=16
+    on an H200) is not reused for a large one (0.20 ms when tuned there)."""
+    return 1 << max(0, programs - 1).bit_length()
+
+
 def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
     """Launch the recurrence; returns its finiteness flags (recurrence_kernel)."""
     NH = q2.shape[0] * H
     flags = torch.empty(NH * 8, dtype=torch.float32, device=q2.device)  # 8: d_v blocks per head, at most
     args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags,
-            T, g.shape[1], H, NT)
+            T, g.shape[1], H, NT, grid_bucket(NH))
     meta = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, NORMALIZE=normalize, PREC=PRECISIONS[prec],
                 HAS_H0=h0 is not None, STORE_FINAL=ht is not None)
-    _launch_blocks(recurrence_kernel, recurrence_tuned, NH, DV, args, meta)
-    return flags
-
-
-def _launch_blocks(kernel, tuned, rows_total, DV, args, meta):
-    """``rows_total`` rows (heads, or head-chunks) of at most 8 d_v blocks each (BV >= 16),
-    in as few launches as the grid limit allows (one, short of 2^28 rows)."""
+    # at most 8 d_v blocks per head (BV >= 16): keep every launch within the grid limit
     per_launch = max(1, launch.MAX_GRID // 8)
-    for start in range(0, rows_total, per_launch):
-        n = min(per_launch, rows_total - start)
+    for start in range(0, NH, per_launch):
+        n = min(per_launch, NH - start)
         if launch.interpreting():
             BV = min(64, launch.block(DV))
-            kernel[(n * triton.cdiv(DV, BV),)](*args, start, BV=BV, **meta, num_warps=4)
+            recurrence_kernel[(n * triton.cdiv(DV, BV),)](*args, start, BV=BV, **meta, num_warps=4)
         else:
-            tuned[lambda m, n=n: (n * triton.cdiv(DV, m["BV"]),)](*args, start, **meta)
+            recurrence_tuned[lambda m, n=n: (n * triton.cdiv(DV, m["BV"]),)](*args, start, **meta)
+    return flags
