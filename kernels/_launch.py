@@ -15,8 +15,6 @@ Contract shared by all kernels (docs/api.md, "kernels"):
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 
 import torch
@@ -296,14 +294,3 @@ def finish_checks(check_inputs, checks) -> None:
     """Verify now when the caller asked for immediate checks (``check_inputs=True``)."""
     if check_inputs is True:
         checks.verify()
-
-
-def scalar_or_full(name: str, v, batch: torch.Size, device) -> torch.Tensor:
-    """A per-system scalar as a float32 ``(N,)`` tensor (a 1-element one, stride 0 in the
-    kernel, for a Python float); a Python float is checked on the host and placed with a
-    fill (no host-to-device copy)."""
-    if isinstance(v, numbers.Real) and not isinstance(v, bool):
-        if not math.isfinite(float(v)):
-            raise ValueError(f"{name} must be finite, got {v}")
-        return torch.full((1,), float(v), dtype=torch.float32, device=device)
-    return fp32(per_system(name, v, batch, device))
