@@ -1,20 +1,23 @@
-"""Fused Cholesky-ridge Koopman readout (issue 7): kernels.koopman_readout against the PyTorch
-chain of Echo Appendix F steps 4-10 (torch.linalg.cholesky, solve_triangular, cholesky_solve,
-batched matmuls), 16384 systems, r in {24, 48, 64}, P = 64 values, Q = 64 queries per system
-(a chunk-causal readout: one operator per chunk of 64 tokens), K = 2.
+"""Fused Cholesky-ridge Koopman readout: kernels.koopman_readout against the PyTorch chain of
+Echo Appendix F steps 4-10 (torch.linalg.cholesky, solve_triangular, cholesky_solve, batched
+matmuls), 16384 systems, r in {24, 48, 64}, P = 64 values, Q = 64 queries per system (a
+chunk-causal readout: one operator per chunk of 64 tokens), K = 2.
 
 Loaded by benchmarks/bench.py (``SUITES``); alone:
 
-    PYTHONPATH=. python3 benchmarks/bench_koopman.py
+    PYTHONPATH=. python3 benchmarks/bench_koopman.py [--out FILE.json] [--profile] [--quick]
 
-Target: the kernel >= 3x faster than the chain. Accuracy: relative error of y against the
-float64 ``solvers.koopman_readout`` on the first ``SUBSAMPLE`` systems. Float32 statistics;
-the chain runs with TF32 matmuls off (float32, as the kernel's "ieee" products); the kernel's
-"tf32x3" products are timed too.
+Target: the kernel >= 3x faster than the chain. Times as in benchmarks/bench_kla.py
+(``timings``: profiler kernel sum, CUDA-graph replay, wall; median and p10-p90); the kernel
+runs with ``check_inputs=False`` (its hot path) and, for "ieee", also with its default checks.
+Accuracy: relative error of y against the float64 ``solvers.koopman_readout`` on the first
+``SUBSAMPLE`` systems. Float32 statistics; the chain runs with TF32 matmuls off (float32, as
+the kernel's "ieee" products); the kernel's "tf32x3" products are timed too.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
@@ -23,12 +26,6 @@ import torch
 N, T, P, Q, K = 16384, 128, 64, 64, 2
 ETA, GAMMA = 1.5, 1.2
 SUBSAMPLE = 256
-
-
-def _bench(fn, rep=100) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
 def statistics(r: int, seed: int = 0):
@@ -68,44 +65,53 @@ def torch_chain(stats, zq, *, K=K, eta=ETA, gamma=GAMMA, iters=6):
     return eta * (Bv @ (L @ w)).mT
 
 
-def suite(results: list, ceil: dict, quick: bool) -> None:
+def suite(results: list, ceil: dict | None = None, quick: bool = False, profile: bool = False) -> None:
     import kernels
     import solvers
+    from bench_kla import breakdown, fmt, timings
 
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
+    chain_op = "torch chain (cholesky, solve_triangular, bmm)"
     try:
         for r in ((24, 64) if quick else (24, 48, 64)):
             stats, zq = statistics(r)
             sub = solvers.KoopmanStatistics(stats.G[:SUBSAMPLE].double(), stats.M[:SUBSAMPLE].double(),
                                             stats.Cv[:SUBSAMPLE].double(), stats.scale[:SUBSAMPLE], stats.eps)
             ref = solvers.koopman_readout(sub, zq[:SUBSAMPLE].double(), K=K, eta=ETA, gamma=GAMMA)
-            io = 4 * (N * (2 * r * r + P * r + Q * r + Q * P))
-            roof_ms = io / ceil["copy_bytes_per_s"] * 1e3
-            times = {}
-            for op, fn in (("torch chain (cholesky, solve_triangular, bmm)", lambda: torch_chain(stats, zq)),
-                           ("kernels.koopman_readout ieee", lambda: kernels.koopman_readout(
-                               stats, zq, K=K, eta=ETA, gamma=GAMMA)),
-                           ("kernels.koopman_readout tf32x3", lambda: kernels.koopman_readout(
-                               stats, zq, K=K, eta=ETA, gamma=GAMMA, input_precision="tf32x3"))):
+
+            def fused(p, check=False):
+                return lambda: kernels.koopman_readout(stats, zq, K=K, eta=ETA, gamma=GAMMA, input_precision=p,
+                                                       check_inputs=check)
+
+            variants = [(chain_op, lambda: torch_chain(stats, zq), None),
+                        ("kernels.koopman_readout ieee", fused("ieee"), None),
+                        ("kernels.koopman_readout ieee, check_inputs=True", fused("ieee", True), fused("ieee")),
+                        ("kernels.koopman_readout tf32x3", fused("tf32x3"), None)]
+            chain = {}
+            for op, fn, graph_fn in variants:
                 try:
                     y = fn()
                     torch.cuda.synchronize()
                     err = float((y[:SUBSAMPLE].double() - ref).norm() / ref.norm())
-                    ms = _bench(fn)
+                    if profile and op != chain_op:
+                        print(breakdown(fn, f"{op} r={r}", calls=3), file=sys.stderr)
+                    t = timings(fn, graph_fn, calls=5, rounds=4 if quick else 6)
                 except Exception as e:  # noqa: BLE001 - report, do not crash the suite
                     results.append({"suite": "koopman", "op": op, "N": N, "r": r, "error": repr(e)[:300]})
-                    print(f"  {op:46s} r={r:3d} FAILED {e!r:.160}", file=sys.stderr)
+                    print(f"  {op:50s} r={r:3d} FAILED {e!r:.200}", file=sys.stderr)
                     continue
-                times[op] = ms
-                row = {"suite": "koopman", "op": op, "N": N, "r": r, "P": P, "Q": Q, "K": K, "ms": ms,
-                       "rel_err_vs_fp64": err, "roofline_ms": roof_ms, "fraction_of_roofline": roof_ms / ms}
-                chain = times.get("torch chain (cholesky, solve_triangular, bmm)")
-                if chain and op.startswith("kernels"):
-                    row["speedup_vs_torch_chain"] = chain / ms  # target (issue 7): >= 3
+                row = {"suite": "koopman", "op": op, "N": N, "r": r, "P": P, "Q": Q, "K": K, "rel_err_vs_fp64": err, **t}
+                if op == chain_op:
+                    chain = t
+                elif chain:
+                    for kind in ("gpu_profiler_ms", "gpu_graph_ms", "wall_ms"):
+                        if kind in chain and kind in t:
+                            row[f"speedup_{kind}"] = chain[kind]["median"] / t[kind]["median"]  # target: >= 3
                 results.append(row)
-                print(f"  {op:46s} r={r:3d} {ms:9.3f} ms  err {err:.2e}"
-                      + (f"  x{row['speedup_vs_torch_chain']:.1f}" if "speedup_vs_torch_chain" in row else ""),
+                print(f"  {op:50s} r={r:3d} gpu(prof) {fmt(t['gpu_profiler_ms'])}  gpu(graph) "
+                      f"{fmt(t['gpu_graph_ms']) if 'gpu_graph_ms' in t else '-'}  wall {fmt(t['wall_ms'])}  "
+                      f"err {err:.2e}" + (f"  x{row['speedup_gpu_profiler_ms']:.2f}" if "speedup_gpu_profiler_ms" in row else ""),
                       file=sys.stderr)
             del stats, zq
             torch.cuda.empty_cache()
@@ -119,8 +125,7 @@ SUITES = {"koopman": suite}
 if __name__ == "__main__":
     rows: list = []
     sys.path.insert(0, "benchmarks")
-    from bench import measure_ceilings
-
-    suite(rows, measure_ceilings(), quick="--quick" in sys.argv)
-    for row in rows:
-        print(row)
+    suite(rows, quick="--quick" in sys.argv, profile="--profile" in sys.argv)
+    if "--out" in sys.argv:
+        with open(sys.argv[sys.argv.index("--out") + 1], "w") as f:
+            json.dump(rows, f, indent=1)

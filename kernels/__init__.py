@@ -4,6 +4,7 @@ Each kernel keeps one system's matrix on chip across all iterations, iterates an
 accumulates in float32 and takes float32 or bfloat16 inputs with D <= 128 (docs/api.md).
 """
 
+from ._launch import DeferredChecks
 from .cg import cg
 from .chebyshev import chebyshev
 from .chebyshev_adaptive import chebyshev_adaptive
@@ -13,4 +14,4 @@ from .gradient import agd, gd
 from .kla import kla_chunkwise
 from .koopman import koopman_readout
 
-__all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise", "koopman_readout"]
+__all__ = ["DeferredChecks", "agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise", "koopman_readout"]

@@ -236,3 +236,61 @@ def num_warps(D: int) -> int:
     """Warps per program: one warpgroup (4 warps) for D > 32, the fastest for D = 128 with
     every product mode on an H200 (docs/kernels.md, "Performance"); fewer for small blocks."""
     return 4 if D > 32 else 2
+
+
+# ----------------------------------------------------------------------------- checks read later
+
+
+class DeferredChecks:
+    """Input checks that need device values, collected over kernel calls and read in one
+    synchronisation when :meth:`verify` is called.
+
+    Pass one as ``check_inputs=`` to ``kernels.kla_chunkwise`` or ``kernels.koopman_readout``:
+    the call then neither synchronises nor copies between host and device (so it can be
+    captured in a CUDA graph); its kernels still write their status flags, and ``verify()``
+    raises the error the call would have raised with ``check_inputs=True``. Under a CUDA
+    graph the flags are rewritten by every replay, so ``verify()`` after a replay checks that
+    replay's inputs. ``clear()`` forgets what was recorded."""
+
+    def __init__(self):
+        self._pending = []
+
+    def add(self, bad: torch.Tensor, explain) -> None:
+        """``bad``: a device bool (0-d); ``explain()`` raises the clear error when it is true."""
+        self._pending.append((bad, explain))
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def clear(self) -> None:
+        self._pending = []
+
+    def verify(self) -> None:
+        if not self._pending:
+            return
+        flags = torch.stack([b.reshape(()).to(torch.bool).to(self._pending[0][0].device) for b, _ in self._pending]).tolist()
+        for raised, (_, explain) in zip(flags, self._pending):
+            if raised:
+                explain()
+
+
+def checks_for(check_inputs, device: torch.device):
+    """The collector of one call's device-value checks: a fresh one to verify at the end of
+    the call (``True``), the caller's :class:`DeferredChecks`, or ``None`` (``False``: flags are
+    written by the kernels but not read)."""
+    if check_inputs is True:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ValueError("check_inputs=True reads device values after the launch, which a CUDA graph capture "
+                             "cannot do: pass check_inputs=False or a kernels.DeferredChecks and call its verify()")
+        return DeferredChecks()
+    if check_inputs is False:
+        return None
+    if isinstance(check_inputs, DeferredChecks):
+        return check_inputs
+    raise TypeError(f"check_inputs must be True, False or a kernels.DeferredChecks, got {type(check_inputs).__name__}")
+
+
+def finish_checks(check_inputs, checks) -> None:
+    """Verify now when the caller asked for immediate checks (``check_inputs=True``)."""
+    if check_inputs is True:
+        checks.verify()

@@ -13,15 +13,22 @@ of C tokens with incoming state S_0, cumulative log decay g (``g_i = sum_{r<=i} 
 
 Per-channel decay (App. B.5) replaces every decay product by its elementwise form.
 
-Two kernels (kernels/kla.py, docs/kernels.md "KLA"):
+Three kernels (docs/kernels.md "KLA"), launched with no host-device copy or synchronisation:
 
-1. ``prepare_kernel``, one program per (chunk, head), all chunks at once: beta from the keys
-   (the Kaczmarz normalisation happens here, in float32), the decayed Gram blocks of L, the
+1. ``gates_kernel``, one program per (sequence, chunk, head): the chunk-local cumulative log
+   decay g, eta in float32, and a flag per program when a gate is out of range or not finite;
+2. ``prepare_kernel``, one program per (chunk, head), all chunks at once: beta from the keys
+   (the Kaczmarz normalisation happens here, in float32), the decayed C x C Gram matrix L, the
    unit-lower inverse ``(I + L)^{-1}`` by forward substitution on the 16 x 16 diagonal blocks and
    block forward substitution for the rest (fp32, ``input_precision="ieee"``), and P; X' and P
-   are stored per chunk.
-2. ``recurrence_kernel``, one program per (head, block of d_v columns), walks the chunks in
-   order with the state block in float32 registers: the products above, outputs, state update.
+   are stored per chunk;
+3. ``recurrence_kernel``, one program per (head, block of d_v columns), walks the chunks in
+   order with the state block in float32 registers: the products above, outputs, state update,
+   and a finiteness flag per program.
+
+The flags are read at the end of the call (``check_inputs=True``, one synchronisation), later
+(a ``kernels.DeferredChecks``) or not at all (``False``); the last two make a call capturable in
+a CUDA graph.
 
 Precision model (``input_precision``): every product with a d_k, d_v or chunk-length inner
 dimension is a ``tl.dot`` accumulated in float32, whose *operands* are
@@ -41,6 +48,7 @@ model, step by step as written here.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import triton
@@ -158,31 +166,34 @@ def channel_gram(p_x, p_y, p_g, base_k, base_g, t_i, t_j, m_i, m_j, H, DK: tl.co
 
 
 @triton.jit
-def substitution_step(N, Y, i, o):
+def substitution_step(p_N, Y, i, o, stride):
     """Row i of ``Y = (I + N)^{-1} - I`` from the rows above it (forward substitution on the
-    columns of I, Higham Alg. 8.1): ``Y_i = -N_i - sum_{j<i} N_ij Y_j``."""
-    a = tl.sum(tl.where((o == i)[:, None], -N, 0.0), axis=0)
+    columns of I, Higham Alg. 8.1): ``Y_i = -N_i - sum_{j<i} N_ij Y_j``. Row i of N is read
+    back from its copy at p_N (rows ``stride`` apart): a load, where extracting it from the
+    register tile would be a reduction across threads on the program's critical path."""
+    a = -tl.load(p_N + i * stride + o)
     a = tl.where(o < i, a, 0.0)
     a = a + tl.sum(a[:, None] * Y, axis=0)
     return tl.where((o == i)[:, None], a[None, :], Y)
 
 
 @triton.jit
-def invert_diagonal_blocks(N0, N1, N2, N3, NB: tl.constexpr):
+def invert_diagonal_blocks(N0, N1, N2, N3, NB: tl.constexpr, p_N, C: tl.constexpr):
     """``(I + N_b)^{-1}`` of the NB strictly lower 16 x 16 diagonal blocks by forward
-    substitution, float32, in one loop so that the independent substitutions overlap."""
+    substitution, float32, in one loop so that the independent substitutions overlap; p_N:
+    the chunk's C x C N in the program's scratch (substitution_step reads its rows)."""
     o = tl.arange(0, SUB)
     Y0 = -N0  # rows 0 and 1 of X - I are already -N
     Y1 = -N1
     Y2 = -N2
     Y3 = -N3
     for i in range(2, SUB):
-        Y0 = substitution_step(N0, Y0, i, o)
+        Y0 = substitution_step(p_N, Y0, i, o, C)
         if NB > 1:
-            Y1 = substitution_step(N1, Y1, i, o)
+            Y1 = substitution_step(p_N + SUB * C + SUB, Y1, i, o, C)
         if NB > 2:
-            Y2 = substitution_step(N2, Y2, i, o)
-            Y3 = substitution_step(N3, Y3, i, o)
+            Y2 = substitution_step(p_N + 2 * SUB * (C + 1), Y2, i, o, C)
+            Y3 = substitution_step(p_N + 3 * SUB * (C + 1), Y3, i, o, C)
     eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
     return Y0 + eye, Y1 + eye, Y2 + eye, Y3 + eye
 
@@ -196,8 +207,10 @@ def store_block(p_A, base_a, i: tl.constexpr, j: tl.constexpr, X, C: tl.constexp
 
 
 @triton.jit
-def sub_block(p, base, t0, b: tl.constexpr, T, stride, c0, D: tl.constexpr, BD: tl.constexpr):
-    return rows(p, base, t0 + b * SUB, T, stride, c0, D, BD, SUB)
+def scratch_block(p_N, i: tl.constexpr, j: tl.constexpr, C: tl.constexpr):
+    """Block (i, j) of the C x C float32 matrix at p_N."""
+    o = tl.arange(0, SUB)
+    return tl.load(p_N + (o + i * SUB)[:, None] * C + (o + j * SUB)[None, :])
 
 
 @triton.jit
@@ -206,16 +219,19 @@ def sq_norms(K):
     return tl.sum(Kf * Kf, axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["grid_size"])
 def prepare_kernel(
-    p_q, p_k, p_g, p_eta, p_A, p_P, T, Tp, H, NT, eps, start,
+    p_q, p_k, p_g, p_eta, p_A, p_P, p_scr, T, Tp, H, NT, eps, start, grid_size,
     DK: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
     KACZMARZ: tl.constexpr, PER_CHANNEL: tl.constexpr, PREC: tl.constexpr,
 ):
     """One program per (chunk, head): X' = (I + L)^{-1} B and P of the chunk (module docstring).
 
-    Keys and queries are read in slices of BKS columns, accumulating ||k||^2, the Gram blocks
-    K_b K_c^T of the 16-token sub-blocks b >= c and Q K^T, so only one slice is on chip at a time."""
+    Keys and queries are read in slices of BKS columns, accumulating ||k||^2 and the C x C
+    products K K^T and Q K^T, so only one slice is on chip at a time. ``N = B L`` goes to the
+    program's float32 scratch at ``p_scr`` (C x C, then beta), from which the 16 x 16 blocks of
+    the block forward substitution are read back. ``grid_size``: unused here, an autotuning key
+    (:func:`grid_bucket`)."""
     pid = tl.program_id(0).to(tl.int64) + start
     i_nh = pid // NT
     i_t = pid % NT
@@ -223,154 +239,87 @@ def prepare_kernel(
     i_h = i_nh % H
     t0 = i_t * C
     base_k = (i_n * T * H + i_h) * DK
-    base_e = i_n * T * H + i_h
+    base_e = i_n * Tp * H + i_h  # eta: (N, Tp, H) float32 from gates_kernel
     if PER_CHANNEL:
         base_g = (i_n * Tp * H + i_h) * DK
     else:
         base_g = i_n * Tp * H + i_h
     base_a = (i_nh * NT + i_t) * C * C
+    p_N = p_scr + pid * (C * C + C)
     HD = H * DK
-    o_s = tl.arange(0, SUB).to(tl.int64)
     o_c = tl.arange(0, C)
     t = t0 + o_c.to(tl.int64)
     m_t = t < T
-    t_0 = t0 + o_s
-    t_1 = t_0 + SUB
-    t_2 = t_1 + SUB
-    t_3 = t_2 + SUB
+    tile = o_c[:, None] * C + o_c[None, :]
 
-    # squared key norms, Gram blocks (per head) and Q K^T, d_k in slices of BKS
-    z16 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    n0 = tl.zeros([SUB], dtype=tl.float32)
-    n1 = tl.zeros([SUB], dtype=tl.float32)
-    n2 = tl.zeros([SUB], dtype=tl.float32)
-    n3 = tl.zeros([SUB], dtype=tl.float32)
-    G00 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G10 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G11 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G20 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G21 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G22 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G30 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G31 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G32 = tl.zeros([SUB, SUB], dtype=tl.float32)
-    G33 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    # squared key norms, K K^T and Q K^T, d_k in slices of BKS
+    n = tl.zeros([C], dtype=tl.float32)
+    Gm = tl.zeros([C, C], dtype=tl.float32)
     P = tl.zeros([C, C], dtype=tl.float32)
     for c0 in range(0, DK, BKS):
-        K0 = sub_block(p_k, base_k, t0, 0, T, HD, c0, DK, BKS)
-        n0 += sq_norms(K0)
-        if NB > 1:
-            K1 = sub_block(p_k, base_k, t0, 1, T, HD, c0, DK, BKS)
-            n1 += sq_norms(K1)
-        if NB > 2:
-            K2 = sub_block(p_k, base_k, t0, 2, T, HD, c0, DK, BKS)
-            K3 = sub_block(p_k, base_k, t0, 3, T, HD, c0, DK, BKS)
-            n2 += sq_norms(K2)
-            n3 += sq_norms(K3)
+        Kt = rows(p_k, base_k, t0, T, HD, c0, DK, BKS, C)
+        n += sq_norms(Kt)
         if not PER_CHANNEL:
-            P += mm(rows(p_q, base_k, t0, T, HD, c0, DK, BKS, C), tl.trans(rows(p_k, base_k, t0, T, HD, c0, DK, BKS, C)), PREC)
-            G00 += mm(K0, tl.trans(K0), PREC)
-            if NB > 1:
-                G10 += mm(K1, tl.trans(K0), PREC)
-                G11 += mm(K1, tl.trans(K1), PREC)
-            if NB > 2:
-                G20 += mm(K2, tl.trans(K0), PREC)
-                G21 += mm(K2, tl.trans(K1), PREC)
-                G22 += mm(K2, tl.trans(K2), PREC)
-                G30 += mm(K3, tl.trans(K0), PREC)
-                G31 += mm(K3, tl.trans(K1), PREC)
-                G32 += mm(K3, tl.trans(K2), PREC)
-                G33 += mm(K3, tl.trans(K3), PREC)
+            P += mm(rows(p_q, base_k, t0, T, HD, c0, DK, BKS, C), tl.trans(Kt), PREC)
+            Gm += mm(Kt, tl.trans(Kt), PREC)
 
-    # P = A . Q K^T over the whole chunk (diagonal included)
+    # P = A . Q K^T (diagonal included), L = A^- . K K^T (strictly lower)
     if PER_CHANNEL:
         P = channel_gram(p_q, p_k, p_g, base_k, base_g, t, t, m_t, m_t, H, DK, True, False)
+        L = channel_gram(p_k, p_k, p_g, base_k, base_g, t, t, m_t, m_t, H, DK, False, True)
     else:
-        g = tl.load(p_g + base_g + t * H)
+        g = tl.load(p_g + base_g + t * H)  # padded rows hold g of the last token (log 1 = 0 added)
         P = decay_mask(P, g, g, m_t, m_t, False)
         P = tl.where((o_c[:, None] >= o_c[None, :]), P, 0.0)
-    tl.store(p_P + base_a + o_c[:, None] * C + o_c[None, :], stored(P, p_P.dtype.element_ty))
+        L = decay_mask(Gm, g, g, m_t, m_t, True)
+    tl.store(p_P + base_a + tile, stored(P, p_P.dtype.element_ty))
 
     # beta (Kaczmarz eq. (3)): a zero key with eps = 0 gets no write
-    m0 = t_0 < T
-    m1 = t_1 < T
-    m2 = t_2 < T
-    m3 = t_3 < T
+    eta = tl.load(p_eta + base_e + t * H, mask=m_t, other=0.0)
     if KACZMARZ:
-        d0 = n0 + eps
-        d1 = n1 + eps
-        d2 = n2 + eps
-        d3 = n3 + eps
-        b0 = tl.where(d0 > 0, tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0) / tl.where(d0 > 0, d0, 1.0), 0.0)
-        b1 = tl.where(d1 > 0, tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0) / tl.where(d1 > 0, d1, 1.0), 0.0)
-        b2 = tl.where(d2 > 0, tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0) / tl.where(d2 > 0, d2, 1.0), 0.0)
-        b3 = tl.where(d3 > 0, tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0) / tl.where(d3 > 0, d3, 1.0), 0.0)
+        d = n + eps
+        beta = tl.where(d > 0, eta / tl.where(d > 0, d, 1.0), 0.0)
     else:
-        b0 = tl.load(p_eta + base_e + t_0 * H, mask=m0, other=0.0)
-        b1 = tl.load(p_eta + base_e + t_1 * H, mask=m1, other=0.0)
-        b2 = tl.load(p_eta + base_e + t_2 * H, mask=m2, other=0.0)
-        b3 = tl.load(p_eta + base_e + t_3 * H, mask=m3, other=0.0)
+        beta = eta
+    tl.store(p_N + tile, beta[:, None] * L)
+    tl.store(p_N + C * C + o_c, beta)
+    tl.debug_barrier()  # the blocks are read by other threads than wrote them
 
-    # L = B (A^- . K K^T), block (b, c) for b >= c
-    if PER_CHANNEL:
-        L00 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_0, t_0, m0, m0, H, DK, False, True)
-        if NB > 1:
-            L10 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_0, m1, m0, H, DK, False, False)
-            L11 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_1, t_1, m1, m1, H, DK, False, True)
-        if NB > 2:
-            L20 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_0, m2, m0, H, DK, False, False)
-            L21 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_1, m2, m1, H, DK, False, False)
-            L22 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_2, t_2, m2, m2, H, DK, False, True)
-            L30 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_0, m3, m0, H, DK, False, False)
-            L31 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_1, m3, m1, H, DK, False, False)
-            L32 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_2, m3, m2, H, DK, False, False)
-            L33 = channel_gram(p_k, p_k, p_g, base_k, base_g, t_3, t_3, m3, m3, H, DK, False, True)
-    else:
-        g0 = tl.load(p_g + base_g + t_0 * H)  # padded rows hold g of the last token (log 1 = 0 added)
-        L00 = decay_mask(G00, g0, g0, m0, m0, True)
-        if NB > 1:
-            g1 = tl.load(p_g + base_g + t_1 * H)
-            L10 = decay_mask(G10, g1, g0, m1, m0, False)
-            L11 = decay_mask(G11, g1, g1, m1, m1, True)
-        if NB > 2:
-            g2 = tl.load(p_g + base_g + t_2 * H)
-            g3 = tl.load(p_g + base_g + t_3 * H)
-            L20 = decay_mask(G20, g2, g0, m2, m0, False)
-            L21 = decay_mask(G21, g2, g1, m2, m1, False)
-            L22 = decay_mask(G22, g2, g2, m2, m2, True)
-            L30 = decay_mask(G30, g3, g0, m3, m0, False)
-            L31 = decay_mask(G31, g3, g1, m3, m1, False)
-            L32 = decay_mask(G32, g3, g2, m3, m2, False)
-            L33 = decay_mask(G33, g3, g3, m3, m3, True)
-
-    # (I + L)^{-1}: substitution on the diagonal blocks, then block forward substitution on the
-    # columns of I, X_bc = -X_bb sum_{c<=m<b} L_bm X_mc; stored as X' = X diag(beta)
-    N1 = z16
-    N2 = z16
-    N3 = z16
+    # (I + N)^{-1}, N = B L: substitution on the diagonal blocks, then block forward
+    # substitution on the columns of I, X_bc = -X_bb sum_{c<=m<b} N_bm X_mc; stored as
+    # X' = X diag(beta)
+    o_s = tl.arange(0, SUB)
+    b0 = tl.load(p_N + C * C + o_s)
+    z16 = tl.zeros([SUB, SUB], dtype=tl.float32)
+    N11 = z16
+    N22 = z16
+    N33 = z16
     if NB > 1:
-        N1 = b1[:, None] * L11
+        N11 = scratch_block(p_N, 1, 1, C)
     if NB > 2:
-        N2 = b2[:, None] * L22
-        N3 = b3[:, None] * L33
-    X00, X11, X22, X33 = invert_diagonal_blocks(b0[:, None] * L00, N1, N2, N3, NB)
+        N22 = scratch_block(p_N, 2, 2, C)
+        N33 = scratch_block(p_N, 3, 3, C)
+    X00, X11, X22, X33 = invert_diagonal_blocks(scratch_block(p_N, 0, 0, C), N11, N22, N33, NB, p_N, C)
     store_block(p_A, base_a, 0, 0, X00 * b0[None, :], C)
     if NB > 1:
-        X10 = -mm_ieee(X11, mm_ieee(b1[:, None] * L10, X00))
+        b1 = tl.load(p_N + C * C + SUB + o_s)
+        X10 = -mm_ieee(X11, mm_ieee(scratch_block(p_N, 1, 0, C), X00))
         store_block(p_A, base_a, 0, 1, z16, C)
         store_block(p_A, base_a, 1, 0, X10 * b0[None, :], C)
         store_block(p_A, base_a, 1, 1, X11 * b1[None, :], C)
     if NB > 2:
-        L20 = b2[:, None] * L20
-        L21 = b2[:, None] * L21
-        L30 = b3[:, None] * L30
-        L31 = b3[:, None] * L31
-        L32 = b3[:, None] * L32
-        X21 = -mm_ieee(X22, mm_ieee(L21, X11))
-        X20 = -mm_ieee(X22, mm_ieee(L20, X00) + mm_ieee(L21, X10))
-        X32 = -mm_ieee(X33, mm_ieee(L32, X22))
-        X31 = -mm_ieee(X33, mm_ieee(L31, X11) + mm_ieee(L32, X21))
-        X30 = -mm_ieee(X33, mm_ieee(L30, X00) + mm_ieee(L31, X10) + mm_ieee(L32, X20))
+        b2 = tl.load(p_N + C * C + 2 * SUB + o_s)
+        b3 = tl.load(p_N + C * C + 3 * SUB + o_s)
+        N20 = scratch_block(p_N, 2, 0, C)
+        N21 = scratch_block(p_N, 2, 1, C)
+        N30 = scratch_block(p_N, 3, 0, C)
+        N31 = scratch_block(p_N, 3, 1, C)
+        N32 = scratch_block(p_N, 3, 2, C)
+        X21 = -mm_ieee(X22, mm_ieee(N21, X11))
+        X20 = -mm_ieee(X22, mm_ieee(N20, X00) + mm_ieee(N21, X10))
+        X32 = -mm_ieee(X33, mm_ieee(N32, X22))
+        X31 = -mm_ieee(X33, mm_ieee(N31, X11) + mm_ieee(N32, X21))
+        X30 = -mm_ieee(X33, mm_ieee(N30, X00) + mm_ieee(N31, X10) + mm_ieee(N32, X20))
         store_block(p_A, base_a, 2, 0, X20 * b0[None, :], C)
         store_block(p_A, base_a, 2, 1, X21 * b1[None, :], C)
         store_block(p_A, base_a, 2, 2, X22 * b2[None, :], C)
@@ -385,12 +334,97 @@ def prepare_kernel(
         store_block(p_A, base_a, 2, 3, z16, C)
 
 
+# ----------------------------------------------------------------------------- gates
+
+
+@triton.jit
+def gates_kernel(
+    p_alpha, p_eta, p_g, p_eta32, p_bad, alpha_s, eta_s, T, Tp, H, NT, start,
+    DK: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    ALPHA_SCALAR: tl.constexpr, ETA_SCALAR: tl.constexpr,
+):
+    """One program per (sequence, chunk, head): ``g_i = sum_{r<=i} log alpha_r`` within the
+    chunk (float32; padded tokens have decay 1, so they repeat the chunk's last g, as
+    :func:`chunk_log_decay`), eta widened to float32 (zero on padded tokens), and
+    ``p_bad[pid] = 1`` where a gate fails ``0 < alpha <= 1`` or ``0 <= eta < inf`` (NaN fails),
+    else 0. A gate given as a number arrives as ``alpha_s`` / ``eta_s``, read from no memory."""
+    pid = tl.program_id(0).to(tl.int64) + start
+    i_h = pid % H
+    i_t = (pid // H) % NT
+    i_n = pid // (H * NT)
+    t = i_t * C + tl.arange(0, C).to(tl.int64)
+    m_t = t < T
+    row = (i_n * T + t) * H + i_h  # (N, T, H) index of each token
+    row_p = (i_n * Tp + t) * H + i_h  # the same in the padded (N, Tp, H) layout
+    if PER_CHANNEL:
+        o_k = tl.arange(0, BK)
+        m = m_t[:, None] & (o_k < DK)[None, :]
+        a = tl.load(p_alpha + row[:, None] * DK + o_k[None, :], mask=m, other=1.0).to(tl.float32)
+        g = tl.cumsum(tl.log(a), axis=0)
+        tl.store(p_g + row_p[:, None] * DK + o_k[None, :], g, mask=(o_k < DK)[None, :])
+        bad = tl.sum(tl.sum(tl.where((a > 0) & (a <= 1), 0, 1), axis=1), axis=0)
+    else:
+        if ALPHA_SCALAR:
+            a = tl.where(m_t, alpha_s, 1.0)
+        else:
+            a = tl.load(p_alpha + row, mask=m_t, other=1.0).to(tl.float32)
+        tl.store(p_g + row_p, tl.cumsum(tl.log(a), axis=0))
+        bad = tl.sum(tl.where((a > 0) & (a <= 1), 0, 1), axis=0)
+    if ETA_SCALAR:
+        e = tl.where(m_t, eta_s, 0.0)
+    else:
+        e = tl.load(p_eta + row, mask=m_t, other=0.0).to(tl.float32)
+    tl.store(p_eta32 + row_p, e)
+    bad += tl.sum(tl.where((e >= 0) & (e < float("inf")), 0, 1), axis=0)
+    tl.store(p_bad + pid, tl.where(bad > 0, 1.0, 0.0))
+
+
 # ----------------------------------------------------------------------------- recurrence
 
 
 @triton.jit
+def chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK: tl.constexpr, PER_CHANNEL: tl.constexpr):
+    """``gamma = exp(g)`` of the chunk's tokens, (C,) per head or (C, BK) per channel, and the
+    chunk's last g (padded rows of g hold the last token's value)."""
+    t_last = t0 + o_c.shape[0] - 1
+    if PER_CHANNEL:
+        g = tl.load(p_g + (base_g + t0 * (H * DK)) + (o_c[:, None] * (H * DK) + o_k[None, :]), mask=m_k[None, :], other=0.0)
+        g_last = tl.load(p_g + base_g + t_last * (H * DK) + o_k, mask=m_k, other=0.0)
+    else:
+        g = tl.load(p_g + base_g + (t0 + o_c) * H)
+        g_last = tl.load(p_g + base_g + t_last * H)
+    return g, g_last
+
+
+@triton.jit
+def chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr):
+    """``O = (D_gamma Q S_0 + P U) / ||q||`` row-wise (eq. (8)), S_0 already a GEMM operand."""
+    if PER_CHANNEL:
+        QS = mm(Q.to(tl.float32) * tl.exp(g), S_op, PREC)
+    else:
+        QS = mm(Q, S_op, PREC) * tl.exp(g)[:, None]
+    O = QS + mm(P, U, PREC)
+    if NORMALIZE:
+        Qf = Q.to(tl.float32)
+        qn = tl.sqrt(tl.sum(Qf * Qf, axis=1))
+        O = O / tl.where(m_t, qn, 1.0)[:, None]
+    return O
+
+
+@triton.jit
+def finite_flag(p_flag, i_row, i_v, value, NV: tl.constexpr):
+    """``p_flag[8 i_row + i_v] = value`` (0 when finite, else NaN); the program of the first
+    d_v block also zeroes the slots of the blocks that do not exist (NV < 8), so the flags
+    need no initialisation."""
+    o8 = tl.arange(0, 8).to(tl.int64)
+    mine = o8 == i_v
+    absent = (o8 >= NV) & ((o8 * 0 + i_v) == 0)
+    tl.store(p_flag + i_row * 8 + o8, tl.where(mine, value, 0.0), mask=mine | absent)
+
+
+@triton.jit(do_not_specialize=["grid_size"])
 def recurrence_kernel(
-    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, nh_start,
+    p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, grid_size, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
     PER_CHANNEL: tl.constexpr, HAS_H0: tl.constexpr, NORMALIZE: tl.constexpr, STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
@@ -398,7 +432,10 @@ def recurrence_kernel(
     """One program per (head, d_v block): the chunks in order, state block in float32.
 
     ``p_flag[8 i_nh + i_v]`` gets 0 when every output and the final state are finite and NaN
-    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o."""
+    otherwise (the sum of 0 x each value), so the host checks one small tensor, not o.
+    ``grid_size``: unused here, an autotuning key (:func:`grid_bucket`). (A
+    separate pass computing the outputs of all chunks at once, from stored states, was slower
+    on an H200: 0.74 against 0.56 ms at B=4, T=4096, H=16, D=128 in bf16; docs/performance.md.)"""
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
@@ -428,36 +465,24 @@ def recurrence_kernel(
         t = t0 + o_c
         m_t = t < T
         K = rows(p_k, base_k, t0, T, H * DK, 0, DK, BK, C)
-        Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
         V = tl.load(p_v + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :]),
                     mask=m_t[:, None] & m_v[None, :], other=0.0)
         base_a = (i_nh * NT + i_t) * C * C
         A = tl.load(p_A + base_a + o_c[:, None] * C + o_c[None, :])
-        P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
-        t_last = t0 + C - 1  # padded rows of g hold the last token's value
         S_op = operand(S, PREC)
+        g, g_last = chunk_decay(p_g, base_g, t0, o_c, o_k, m_k, H, DK, PER_CHANNEL)
         if PER_CHANNEL:
-            g = tl.load(p_g + (base_g + t0 * (H * DK)) + (o_c[:, None] * (H * DK) + o_k[None, :]), mask=m_k[None, :], other=0.0)
-            g_last = tl.load(p_g + base_g + t_last * (H * DK) + o_k, mask=m_k, other=0.0)
-            Gam = tl.exp(g)
-            KS = mm(K.to(tl.float32) * Gam, S_op, PREC)  # D_gamma K S_0, elementwise decay
-            QS = mm(Q.to(tl.float32) * Gam, S_op, PREC)
+            KS = mm(K.to(tl.float32) * tl.exp(g), S_op, PREC)  # D_gamma K S_0, elementwise decay
         else:
-            g = tl.load(p_g + base_g + t * H)
-            g_last = tl.load(p_g + base_g + t_last * H)
-            gam = tl.exp(g)
-            KS = mm(K, S_op, PREC) * gam[:, None]
-            QS = mm(Q, S_op, PREC) * gam[:, None]
-        R = V.to(tl.float32) - KS
-        U = mm(A, R, PREC)
-        O = QS + mm(P, U, PREC)
-        if NORMALIZE:
-            Qf = Q.to(tl.float32)
-            qn = tl.sqrt(tl.sum(Qf * Qf, axis=1))
-            O = O / tl.where(m_t, qn, 1.0)[:, None]
+            KS = mm(K, S_op, PREC) * tl.exp(g)[:, None]
+        U = mm(A, V.to(tl.float32) - KS, PREC)
+        m_o = m_t[:, None] & m_v[None, :]
+        Q = rows(p_q, base_k, t0, T, H * DK, 0, DK, BK, C)
+        P = tl.load(p_P + base_a + o_c[:, None] * C + o_c[None, :])
+        O = chunk_output(Q, S_op, P, U, g, m_t, PER_CHANNEL, NORMALIZE, PREC)
         p_out = p_o + (base_v + t0 * (H * DV)) + (o_c[:, None] * (H * DV) + o_v[None, :])
-        tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-        finite += tl.sum(tl.where(m_t[:, None] & m_v[None, :], O * 0.0, 0.0), axis=1)
+        tl.store(p_out, stored(O, p_o.dtype.element_ty), mask=m_o)
+        finite += tl.sum(tl.where(m_o, O * 0.0, 0.0), axis=1)
         if PER_CHANNEL:
             Rr = tl.where(m_t[:, None], tl.exp(g_last[None, :] - g), 0.0)
             S = tl.exp(g_last)[:, None] * S + mm(tl.trans(K.to(tl.float32) * Rr), U, PREC)
@@ -468,7 +493,17 @@ def recurrence_kernel(
     if STORE_FINAL:
         tl.store(p_ht + p_state, stored(S, p_ht.dtype.element_ty), mask=m_state)
     flag = tl.sum(finite, axis=0) + tl.sum(tl.sum(tl.where(m_state, S * 0.0, 0.0), axis=1), axis=0)
-    tl.store(p_flag + i_nh * 8 + i_v, flag)
+    finite_flag(p_flag, i_nh, i_v, flag, NV)
+
+
+# Warps and pipelining depth of prepare_kernel, autotuned on a GPU: the substitutions on 16 x 16
+# blocks favour few warps, the Gram products more; (4, 3) was the fixed choice before.
+prepare_tuned = triton.autotune(
+    configs=[triton.Config({}, num_warps=w, num_stages=s) for w, s in ((4, 3), (2, 3), (8, 3), (4, 1))],
+    key=["DK", "C", "NB", "KACZMARZ", "PER_CHANNEL", "PREC", "grid_size"],
+    prune_configs_by={"early_config_prune": lambda configs, named_args, **kw: (
+        configs[:1] if kw["PER_CHANNEL"] else configs[::2] if kw["PREC"] == PRECISIONS["ieee"] else configs)},
+)(prepare_kernel)
 
 
 def _recurrence_configs():
@@ -492,19 +527,20 @@ def _prune(configs, named_args, **kwargs):
 # Autotuned on a GPU (the interpreter cannot time); keyed on everything that shapes the work.
 recurrence_tuned = triton.autotune(
     configs=_recurrence_configs(),
-    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE"],
+    key=["DK", "DV", "C", "PER_CHANNEL", "PREC", "NORMALIZE", "grid_size"],
     prune_configs_by={"early_config_prune": _prune},
 )(recurrence_kernel)
 
 
 # ----------------------------------------------------------------------------- host side
 
-
 def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Tensor:
     """``g_i = sum_{r<=i} log alpha_r`` within each chunk of C tokens, float32, with T padded to
     a multiple of C by tokens of decay 1 (so padded rows repeat the chunk's last g).
 
-    alpha ``(N, T, H)`` or ``(N, T, H, d_k)``; returns ``(N, Tp, H[, d_k])``, contiguous."""
+    alpha ``(N, T, H)`` or ``(N, T, H, d_k)``; returns ``(N, Tp, H[, d_k])``, contiguous. The
+    forward computes the same in ``gates_kernel`` (see :func:`gate_tensors`); this PyTorch form
+    runs on any device."""
     N, T = alpha.shape[:2]
     NT = -(-T // C)
     la = torch.log(alpha.to(torch.float32))
@@ -513,28 +549,70 @@ def chunk_log_decay(alpha: torch.Tensor, C: int, per_channel: bool) -> torch.Ten
     return la.reshape(N, NT, C, *la.shape[2:]).cumsum(2).reshape(N, NT * C, *la.shape[2:]).contiguous()
 
 
-def _gates_invalid(alpha: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
-    """A device flag: some gate is not finite, or ``0 < alpha <= 1``, ``eta >= 0`` fails after
-    rounding (read with the result's finiteness, in one synchronisation)."""
-    if not alpha.numel():
-        return torch.zeros((), dtype=torch.bool, device=alpha.device)
-    return ~(((alpha > 0) & (alpha <= 1)).all() & (eta >= 0).all() & torch.isfinite(eta).all())
+def gate_tensors(alpha, eta, shape, C: int, per_channel: bool, device):
+    """``(g, eta32, bad)`` for the kernels in one launch of ``gates_kernel``: the chunk-local
+    cumulative log decay ``g (N, Tp, H[, d_k])`` (as :func:`chunk_log_decay`), eta as float32
+    ``(N, Tp, H)`` and one validity flag per program. ``alpha`` / ``eta``: a float (rounded
+    already) or a contiguous ``(N, T, H[, d_k])`` / ``(N, T, H)`` tensor on the device."""
+    N, T, H, DK = shape
+    NT = -(-T // C)
+    dev = device
+    g = torch.empty((N, NT * C, H, DK) if per_channel else (N, NT * C, H), dtype=torch.float32, device=dev)
+    eta32 = torch.empty((N, NT * C, H), dtype=torch.float32, device=dev)
+    bad = torch.empty((N * NT * H,), dtype=torch.float32, device=dev)
+    a_scalar, e_scalar = not isinstance(alpha, torch.Tensor), not isinstance(eta, torch.Tensor)
+    for s, n in launch.launches(N * NT * H):
+        gates_kernel[(n,)](
+            g if a_scalar else alpha, eta32 if e_scalar else eta, g, eta32, bad,
+            float(alpha) if a_scalar else 1.0, float(eta) if e_scalar else 0.0, T, NT * C, H, NT, s,
+            DK=DK, BK=launch.block(DK), C=C, PER_CHANNEL=per_channel, ALPHA_SCALAR=a_scalar, ETA_SCALAR=e_scalar,
+            num_warps=4 if per_channel else 1,
+        )
+    return g, eta32, bad
 
 
-def _check_gates(alpha: torch.Tensor, eta: torch.Tensor) -> None:
-    """The reference's errors for the gates (solvers.kla_chunkwise)."""
-    for name, x, low, low_open, high in (("alpha", alpha, 0.0, True, 1.0), ("eta", eta, 0.0, False, None)):
-        check.finite(name, x)
-        bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
-        if bad:
-            interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
-            raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
-                             f"got values in [{float(x.min())}, {float(x.max())}]")
+def _gate(name: str, x, k: torch.Tensor, channels: bool):
+    """A gate as the kernels take it: ``(value, per_channel)`` with value a float rounded to
+    k's dtype -- checked here, on the host -- or a contiguous ``(N, T, H[, d_k])`` tensor,
+    checked in ``gates_kernel``."""
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        value = torch.tensor(float(x), dtype=torch.float64).to(k.dtype)  # CPU: as the reference rounds it
+        _check_gate(name, value)
+        return float(value), False
+    t, per_channel = broadcast_gate(name, x, k.shape[:-1], k.shape if channels else None, k, check_finite=False)
+    return launch.flat(t, 3 if per_channel else 2), per_channel
+
+
+GATE_RANGES = {"alpha": (0.0, True, 1.0), "eta": (0.0, False, None)}  # (low, low open, high)
+
+
+def _check_gate(name: str, x: torch.Tensor) -> None:
+    """The reference's errors for a gate (solvers.kla_chunkwise)."""
+    low, low_open, high = GATE_RANGES[name]
+    check.finite(name, x)
+    bad = bool(((x <= low) if low_open else (x < low)).any()) or (high is not None and bool((x > high).any()))
+    if bad:
+        interval = f"{'(' if low_open else '['}{low}, {high if high is not None else 'inf'}{']' if high is not None else ')'}"
+        raise ValueError(f"{name} must lie in {interval} (after rounding to {x.dtype}); "
+                         f"got values in [{float(x.min())}, {float(x.max())}]")
+
+
+def _check_gates(alpha, eta) -> None:
+    for name, x in (("alpha", alpha), ("eta", eta)):
+        if isinstance(x, torch.Tensor):
+            _check_gate(name, x)
+
+
+def _zero_keys_flag(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A device flag for :func:`_zero_keys`: some key's squared norm is 0 in float32 while the
+    key or its value is not zero."""
+    vanishing = k.float().pow(2).sum(-1) == 0
+    return (vanishing & ((k != 0).any(-1) | (v != 0).any(-1))).any()
 
 
 def _zero_keys(k: torch.Tensor, v: torch.Tensor) -> None:
     """eps = 0 (KLA): a zero key needs a zero value, and no nonzero key may underflow (as
-    ``solvers.kla_chunkwise``); one pass over k, only when eps = 0."""
+    ``solvers.kla_chunkwise``)."""
     norms = k.float().pow(2).sum(-1)
     vanishing = norms == 0
     if not bool(vanishing.any()):
@@ -570,14 +648,14 @@ def _precision(p, dtype: torch.dtype) -> str:
     if p is None:
         return "bf16" if dtype == torch.bfloat16 else "ieee"
     if p not in PRECISIONS:
-        raise ValueError(f"input_precision must be one of {tuple(PRECISIONS)} or None, got {p!r}")
+        raise ValueError(f"input_precision must be one of {PRECISIONS} or None, got {p!r}")
     return p
 
 
 def kla_chunkwise(
     q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
     coefficient: str = "kaczmarz", normalize_queries: bool = True, bf16_mode: str = "storage",
-    return_final_state: bool = True, input_precision=None, out_dtype=None,
+    return_final_state: bool = True, input_precision=None, out_dtype=None, check_inputs=True,
 ):
     """KLA / GDN chunk by chunk (KLA Algorithm 1 right, Props. 3-4, App. B.5) on a GPU.
 
@@ -591,7 +669,12 @@ def kla_chunkwise(
     Extra options: ``input_precision`` -- the operands of the chunk GEMMs: ``"ieee"``
     (float32 default), ``"tf32x3"``, ``"tf32"`` or ``"bf16"`` (bfloat16 default; the model of
     flash-linear-attention), see the module docstring; ``out_dtype`` (default: the input
-    dtype) for o and S_T.
+    dtype) for o and S_T; ``check_inputs`` -- checks of values on the device (gates in range
+    and finite, non-finite inputs behind a non-finite result, zero keys when eps = 0): ``True``
+    (default) reads the kernels' flags at the end of the call, one synchronisation, and raises
+    the reference's error; a ``kernels.DeferredChecks`` records them for its ``verify()``;
+    ``False`` skips them. With either of the last two the call never synchronises or copies
+    between host and device, and can be captured in a CUDA graph (docs/kernels.md).
     """
     C = check.count("chunk_size", chunk_size, minimum=1)
     if C not in CHUNK_SIZES:
@@ -616,9 +699,9 @@ def kla_chunkwise(
         launch.dimension(name, d)
     prec = _precision(input_precision, q.dtype)
     odt = launch.out_dtype(out_dtype, q.dtype)
-    alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k, check_finite=False)
-    eta_t, _ = broadcast_gate("eta", eta, k.shape[:-1], None, k, check_finite=False)
-    gates_invalid = _gates_invalid(alpha_t, eta_t)
+    checks = launch.checks_for(check_inputs, q.device)
+    alpha_g, per_channel = _gate("alpha", alpha, k, channels=True)
+    eta_g, _ = _gate("eta", eta, k, channels=False)
     if initial_state is not None:
         S0 = launch.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", S0, "q", q)
@@ -631,53 +714,66 @@ def kla_chunkwise(
     else:
         S0 = None
     kaczmarz = coefficient == "kaczmarz"
-    if kaczmarz and eps == 0.0:
-        _zero_keys(k, v)
+    if checks is not None and kaczmarz and eps == 0.0:
+        checks.add(_zero_keys_flag(k, v), lambda: _zero_keys(k, v))
 
     N = math.prod(lead)
     q2, k2, v2 = (launch.flat(x, 3) for x in (q, k, v))
     o = launch.empty_out((N, T, H, DV), odt, q.device)
     ht = launch.empty_out((N, H, DK, DV), odt, q.device) if return_final_state else None
-    flags = torch.zeros(N * H * 8, dtype=torch.float32, device=q.device)  # 0: finite (recurrence_kernel)
     if N * H and T:
         NT = -(-T // C)
-        g = chunk_log_decay(launch.flat(alpha_t, 3 if per_channel else 2), C, per_channel)
-        eta2 = launch.flat(eta_t, 2).to(torch.float32)
+        g, eta32, bad = gate_tensors(alpha_g, eta_g, (N, T, H, DK), C, per_channel, q.device)
         h0 = None if S0 is None else launch.flat(S0, 3)
         store_dtype = torch.bfloat16 if prec == "bf16" else torch.float32
         A = launch.empty_out((N * H, NT, C, C), store_dtype, q.device)
         P = launch.empty_out((N * H, NT, C, C), store_dtype, q.device)
         BK = launch.block(DK)
+        scratch = torch.empty(N * H * NT * (C + 1) * C, dtype=torch.float32, device=q.device)  # prepare_kernel's N, beta
         for s, n in launch.launches(N * H * NT):
-            prepare_kernel[(n,)](
-                q2, k2, g, eta2, A, P, T, g.shape[1], H, NT, eps, s,
-                DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
-                PREC=PRECISIONS[prec], num_warps=4,
-            )
-        _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries, prec)
+            meta = dict(DK=DK, BK=BK, BKS=min(BK, 32), C=C, NB=C // 16, KACZMARZ=kaczmarz, PER_CHANNEL=per_channel,
+                        PREC=PRECISIONS[prec])
+            args = (q2, k2, g, eta32, A, P, scratch, T, g.shape[1], H, NT, eps, s, grid_bucket(N * H * NT))
+            if launch.interpreting():
+                prepare_kernel[(n,)](*args, **meta, num_warps=4)
+            else:
+                prepare_tuned[(n,)](*args, **meta)
+        flags = _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize_queries,
+                            prec)
+        if checks is not None:
+            checks.add(bad.ne(0).any(), lambda: _check_gates(alpha_g, eta_g))
+            checks.add(~torch.isfinite(flags).all(),
+                       lambda: _explain_nonfinite(q, k, v, S0, normalize_queries))
     elif return_final_state:
         ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
     o = o.reshape(*lead, T, H, DV)
     S = None if ht is None else ht.reshape(*lead, H, DK, DV)
-    invalid, nonfinite = torch.stack([gates_invalid, ~torch.isfinite(flags).all()]).tolist()  # one synchronisation
-    if invalid:
-        _check_gates(alpha_t, eta_t)
-    if nonfinite:
-        _explain_nonfinite(q, k, v, S0, normalize_queries)
+    launch.finish_checks(check_inputs, checks)
     return (o, S) if return_final_state else o
 
 
-def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, flags, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
+def grid_bucket(programs: int) -> int:
+    """The number of programs rounded up to a power of two: part of the autotuning key, so that
+    a configuration chosen for a small grid (a test at B=2, H=4: 0.32 ms per call at B=4, H=16
+    on an H200) is not reused for a large one (0.20 ms when tuned there)."""
+    return 1 << max(0, programs - 1).bit_length()
+
+
+def _recurrence(q2, k2, v2, g, A, P, h0, o, ht, T, H, NT, DK, DV, BK, C, per_channel, normalize, prec):
+    """Launch the recurrence; returns its finiteness flags (recurrence_kernel)."""
     NH = q2.shape[0] * H
-    common = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, HAS_H0=h0 is not None,
-                  NORMALIZE=normalize, STORE_FINAL=ht is not None, PREC=PRECISIONS[prec])
-    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags, T, g.shape[1], H, NT)
+    flags = torch.empty(NH * 8, dtype=torch.float32, device=q2.device)  # 8: d_v blocks per head, at most
+    args = (q2, k2, v2, g, A, P, h0 if h0 is not None else q2, o, ht if ht is not None else o, flags,
+            T, g.shape[1], H, NT, grid_bucket(NH))
+    meta = dict(DK=DK, DV=DV, BK=BK, C=C, PER_CHANNEL=per_channel, NORMALIZE=normalize, PREC=PRECISIONS[prec],
+                HAS_H0=h0 is not None, STORE_FINAL=ht is not None)
     # at most 8 d_v blocks per head (BV >= 16): keep every launch within the grid limit
     per_launch = max(1, launch.MAX_GRID // 8)
     for start in range(0, NH, per_launch):
-        heads = min(per_launch, NH - start)
+        n = min(per_launch, NH - start)
         if launch.interpreting():
             BV = min(64, launch.block(DV))
-            recurrence_kernel[(heads * triton.cdiv(DV, BV),)](*args, start, BV=BV, **common, num_warps=4)
+            recurrence_kernel[(n * triton.cdiv(DV, BV),)](*args, start, BV=BV, **meta, num_warps=4)
         else:
-            recurrence_tuned[lambda meta: (heads * triton.cdiv(DV, meta["BV"]),)](*args, start, **common)
+            recurrence_tuned[lambda m, n=n: (n * triton.cdiv(DV, m["BV"]),)](*args, start, **meta)
+    return flags

@@ -56,14 +56,16 @@ def cholesky_inverse(Gt, r, jitter, R: tl.constexpr, WANT_L: tl.constexpr):
     * forward substitution on the columns of I, column-oriented: row j of X is
       ``b_j / l_jj``, then ``b_i <- b_i - l_ij x_j`` for i > j (Higham Alg. 8.1 likewise).
 
-    Four passes over the tile per column. Returns (L or zeros, X, first failed column or -1);
-    a failed pivot continues as 1 so that nothing non-finite spreads (as ``solvers.cholesky``)."""
+    Four passes over the tile per column, for the r columns that exist (the identity padding
+    beyond r needs no sweep: its L and X stay the identity). Returns (L or zeros, X, first
+    failed column or -1); a failed pivot continues as 1 so that nothing non-finite spreads (as
+    ``solvers.cholesky``)."""
     o = tl.arange(0, R)
     A = Gt + tl.where((o[:, None] == o[None, :]) & (o < r)[:, None], jitter, 0.0)
     X = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
     L = tl.zeros([R, R], dtype=tl.float32)
     failed = tl.full([], -1, dtype=tl.int32)
-    for j in range(R):
+    for j in range(r):
         col = tl.sum(tl.where(o[None, :] == j, A, 0.0), axis=1)
         d = tl.sum(tl.where(o == j, col, 0.0), axis=0)
         ok = (d > 0) & (d < float("inf"))  # NaN fails the first test
@@ -115,14 +117,16 @@ def store_tile(p, i_n, x, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
 
 @triton.jit
 def koopman_kernel(
-    p_G, p_M, p_Cv, p_zq, p_scale, p_eta, p_gamma, p_v0, p_y, p_status, p_finite, p_failed, p_L, p_A, p_sigma, p_Bv,
-    r, P, Q, K, power_iters, jitter, v0_stride, start,
+    p_G, p_M, p_Cv, p_zq, p_scale, p_eta, p_gamma, p_v0, p_y, p_status, p_finite, p_bad, p_failed, p_L, p_A, p_sigma,
+    p_Bv, r, P, Q, K, power_iters, jitter, v0_stride, eta_stride, gamma_stride, gamma_lo, gamma_hi, start,
     R: tl.constexpr, BP: tl.constexpr, BQ: tl.constexpr, STORE_INFO: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One program per system: Appendix F steps 4-10 (module docstring). ``p_status`` gets the
     factorisation's Status; ``p_finite`` 0 when every output is finite, NaN otherwise (the sum
-    of 0 x each, before a broken system's outputs are set to NaN)."""
+    of 0 x each, before a broken system's outputs are set to NaN); ``p_bad`` 1 when eta is not
+    finite, gamma is outside [gamma_lo, gamma_hi] or the scale m is not finite and > 0, else 0.
+    ``eta_stride`` / ``gamma_stride`` 0: one value for every system."""
     i_n = tl.program_id(0).to(tl.int64) + start
     o = tl.arange(0, R)
     m_r = o < r
@@ -145,14 +149,16 @@ def koopman_kernel(
         v = unit(tl.sum(Aw * u[:, None], axis=0))
     Av = tl.sum(Aw * v[None, :], axis=1)
     sigma = tl.sqrt(tl.sum(Av * Av, axis=0))
-    A = Aw * (tl.load(p_gamma + i_n) / tl.maximum(sigma, 1.0))
+    gamma = tl.load(p_gamma + i_n * gamma_stride)
+    A = Aw * (gamma / tl.maximum(sigma, 1.0))
 
     # F = eta C_v L^{-T} A'^K (P x r)
     W = mm(load_tile(p_Cv, i_n, P, r, BP, R), tl.trans(X), PREC)
     F = W
     for _ in range(K):
         F = mm(F, A, PREC)
-    F = F * tl.load(p_eta + i_n)
+    eta = tl.load(p_eta + i_n * eta_stride)
+    F = F * eta
 
     if STORE_INFO:
         tl.store(p_failed + i_n, failed)
@@ -162,7 +168,10 @@ def koopman_kernel(
         store_tile(p_Bv, i_n, mm(W, X, PREC), P, r, BP, R)
 
     # queries: y = F L^{-1} z^q / m, blocks of BQ
-    inv_scale = 1.0 / tl.load(p_scale + i_n)
+    scale = tl.load(p_scale + i_n)
+    inv_scale = 1.0 / scale
+    ok = (eta - eta == 0) & (gamma >= gamma_lo) & (gamma <= gamma_hi) & (scale > 0) & (scale < float("inf"))
+    tl.store(p_bad + i_n, tl.where(ok, 0.0, 1.0))
     o_q = tl.arange(0, BQ)
     o_p = tl.arange(0, BP)
     finite = tl.zeros([BQ], dtype=tl.float32)
@@ -181,10 +190,11 @@ def koopman_kernel(
 
 
 def _prune(configs, named_args, **kwargs):
-    """Warps worth timing (scripts/compile_sm90.py): r <= 32 compiles without spills at 4 warps;
-    r = 64 spills with CUDA-core products below 8 warps and not with tf32x3 at 4."""
+    """Warps worth timing (scripts/compile_sm90.py): r <= 32 compiles without spills at 4 warps
+    (and 2: fewer threads per reduction over the small tile); r = 64 spills with CUDA-core
+    products below 8 warps and not with tf32x3 at 4."""
     if kwargs["R"] <= 32:
-        keep = (4,)
+        keep = (2, 4)
     elif kwargs["PREC"] == 0:
         keep = (8, 16)
     else:
@@ -194,7 +204,7 @@ def _prune(configs, named_args, **kwargs):
 
 # Autotuned on a GPU over the warps per system (the interpreter cannot time).
 koopman_tuned = triton.autotune(
-    configs=[triton.Config({}, num_warps=w, num_stages=1) for w in (4, 8, 16)],
+    configs=[triton.Config({}, num_warps=w, num_stages=1) for w in (2, 4, 8, 16)],
     key=["R", "BP", "BQ", "STORE_INFO", "PREC"],
     prune_configs_by={"early_config_prune": _prune},
 )(koopman_kernel)
@@ -227,12 +237,40 @@ def _queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
     return zq
 
 
-def _gamma(gamma, batch, device) -> torch.Tensor:
+def _per_system(name: str, v, batch, device, low=None, high=None):
+    """A per-system parameter for the kernel: ``(float32 tensor, stride)``. A Python number is
+    checked here (finite, in [low, high]) and placed by a fill -- one element, stride 0, no
+    host-to-device copy; a tensor is broadcast to the batch and checked in the kernel (its
+    ``p_bad`` flag; :func:`_explain_parameters` names the argument)."""
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        if not math.isfinite(float(v)):
+            raise ValueError(f"{name} has 1 non-finite entries (NaN or Inf)")
+        if low is not None and not (low <= float(v) <= high):
+            raise ValueError(f"{name} must lie in [{low}, {high}] (Echo eq. (12)), got {float(v)}..{float(v)}")
+        return torch.full((1,), float(v), dtype=torch.float32, device=device), 0
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"{name} must be a float or a tensor, got {type(v).__name__}")
+    if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"{name} must be a real tensor, got {v.dtype}")
+    if v.device != torch.device(device) and v.numel() != 1:
+        raise ValueError(f"{name} is on {v.device} but the data is on {device}")
+    try:
+        t = torch.broadcast_to(v.detach().to(device=device, dtype=torch.float64), batch)
+    except RuntimeError:
+        raise ValueError(f"{name} has shape {tuple(v.shape)}, which does not broadcast to the batch {tuple(batch)}") from None
+    return launch.fp32(t.reshape(-1)), 1
+
+
+def _explain_parameters(eta, gamma, scale, batch, device) -> None:
+    """The reference's errors for eta, gamma and stats.scale (read on the host)."""
+    launch.per_system("eta", eta, batch, device)
     g = launch.per_system("gamma", gamma, batch, device)
     lo, hi = GAMMA_RANGE
     if g.numel() and not bool(((g >= lo) & (g <= hi)).all()):
         raise ValueError(f"gamma must lie in [{lo}, {hi}] (Echo eq. (12)), got {g.min().item()}..{g.max().item()}")
-    return g
+    m = launch.per_system("scale", scale, batch, device)
+    if m.numel() and not bool((m > 0).all()):
+        raise ValueError(f"stats.scale must be > 0, got min {float(m.min())}")
 
 
 def _jitter(jitter) -> float:
@@ -245,7 +283,7 @@ def _jitter(jitter) -> float:
 
 def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "power",
                     power_iters: int = POWER_ITERS, v0=None, jitter: float = DEFAULT_JITTER,
-                    return_info: bool = False, input_precision: str = "ieee", out_dtype=None):
+                    return_info: bool = False, input_precision: str = "ieee", out_dtype=None, check_inputs=True):
     """SKA retrieval ``y = eta B_v L A'^K_w L^{-1} z^q`` (Echo eq. (13), Appendix F steps 4-10), fused.
 
     Accepts what ``solvers.koopman_readout`` accepts and returns the same -- ``y (*batch, Q, P)``,
@@ -255,7 +293,13 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     bfloat16 with r <= 64 and P <= 128 on a CUDA device (CPU under TRITON_INTERPRET=1); all
     arithmetic float32 (module docstring); ``sigma="power"`` only (the exact sigma_max is an SVD:
     use the reference); ``v0`` of shape (r,) or (*batch, r). Extra options: ``input_precision``
-    ("ieee", "tf32x3", "tf32") for the products, ``out_dtype`` (default: the statistics' dtype).
+    ("ieee", "tf32x3", "tf32") for the products, ``out_dtype`` (default: the statistics' dtype),
+    ``check_inputs``: ``True`` (default) reads the kernel's status at the end of the call (one
+    synchronisation) to apply the failure policy and name a bad input; a
+    ``kernels.DeferredChecks`` records the same for its ``verify()``; ``False`` reads nothing
+    (broken systems still come back as NaN, and ``return_info`` still carries each system's
+    status). With either of the last two the call never synchronises or copies between host
+    and device, and can be captured in a CUDA graph (docs/kernels.md).
     """
     stats = _stats(stats)
     zq = _queries(stats, zq)
@@ -266,18 +310,20 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
                          "solvers.koopman_readout(..., sigma='exact') takes the exact sigma_max by SVD")
     if input_precision not in PRECISIONS:
         raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    if not isinstance(return_info, bool):
+        raise TypeError(f"return_info must be a bool, got {type(return_info).__name__}")
     jitter = _jitter(jitter)
     launch.bf16_mode(stats.bf16_mode)
     G = stats.G
     batch, r, P, Q = stats.batch, G.shape[-1], stats.Cv.shape[-2], zq.shape[-2]
     dev = G.device
+    checks = launch.checks_for(check_inputs, dev)
     odt = launch.out_dtype(out_dtype, G.dtype)
-    eta_t = launch.fp32(launch.per_system("eta", eta, batch, dev))
-    gamma_t = launch.fp32(_gamma(gamma, batch, dev))
-    scale = launch.per_system("scale", stats.scale, batch, dev)
-    if scale.numel() and not bool((scale > 0).all()):
-        raise ValueError(f"stats.scale must be > 0, got min {float(scale.min())}")
-    scale = launch.fp32(scale)
+    eta_t, eta_stride = _per_system("eta", eta, batch, dev)
+    gamma_t, gamma_stride = _per_system("gamma", gamma, batch, dev, *GAMMA_RANGE)
+    scale, _ = _per_system("stats.scale", stats.scale, batch, dev)
+    if scale.numel() == 1 and math.prod(batch) != 1:
+        scale = scale.expand(math.prod(batch)).contiguous()
     if v0 is None:  # the reference's start, the unit all-ones vector rounded once
         v0 = torch.full((1, r), 1.0 / math.sqrt(r) if r else 0.0, dtype=torch.float32, device=dev)
     else:
@@ -293,6 +339,7 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     y = launch.empty_out((N, Q, P), odt, dev)
     status = launch.empty_out((N,), torch.int32, dev)
     finite = launch.empty_out((N,), torch.float32, dev)
+    bad = launch.empty_out((N,), torch.float32, dev)
     info = {}
     if return_info:
         info = {"failed": launch.empty_out((N,), torch.int32, dev), "L": launch.empty_out((N, r, r), G.dtype, dev),
@@ -301,9 +348,9 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     if N and r:
         R = launch.block(r)
         prec = PRECISIONS.index(input_precision)
-        args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status, finite,
+        args = (G2, M2, C2, z2, scale, eta_t, gamma_t, v0, y, status, finite, bad,
                 *(info[k] if return_info else status for k in ("failed", "L", "A", "sigma", "Bv")),
-                r, P, Q, K, power_iters, jitter, r if v0.shape[0] > 1 else 0)
+                r, P, Q, K, power_iters, jitter, r if v0.shape[0] > 1 else 0, eta_stride, gamma_stride, *GAMMA_RANGE)
         meta = dict(R=R, BP=launch.block(max(P, 1)), BQ=min(64 if R < 64 else 32, launch.block(max(Q, 1))), STORE_INFO=return_info,
                     PREC=prec)
         for s, n in launch.launches(N):
@@ -314,29 +361,46 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     elif N:
         status.zero_()
         finite.zero_()
-    return _finish(stats, zq, y.reshape(*batch, Q, P), status.reshape(batch), finite.reshape(batch), info, jitter,
-                   return_info, input_precision)
+        bad.zero_()
+        if return_info:
+            info["failed"].fill_(-1)
+            info["sigma"].zero_()
+    return _finish(stats, zq, y.reshape(*batch, Q, P), status.reshape(batch), finite.reshape(batch), bad, info, jitter,
+                   return_info, input_precision, checks, check_inputs, (eta, gamma))
 
 
-def _finish(stats, zq, y, status, finite, info, jitter, return_info, input_precision):
-    """The reference's failure policy, with one synchronisation for the common case."""
+def _finish(stats, zq, y, status, finite, bad, info, jitter, return_info, input_precision, checks, check_inputs, params):
+    """The reference's failure policy, through the call's checks (``check_inputs``): read at
+    the end of the call in one synchronisation, later (DeferredChecks), or not at all."""
     batch = stats.batch
     usable = status != int(Status.BREAKDOWN)
     nonfinite = usable & ~torch.isfinite(finite)
-    flags = torch.stack([(~usable).any(), (status == int(Status.JITTERED)).any(), nonfinite.any()]).tolist() if status.numel() else [False] * 3
-    broken, jittered, overflow = flags
-    if overflow or broken:  # never a silent NaN from a NaN input
-        for name in ("G", "M", "Cv"):
-            check.finite(f"stats.{name}", getattr(stats, name))
-        check.finite("zq", zq)
+    if checks is not None and status.numel():
+        def parameters():
+            _explain_parameters(*params, stats.scale, batch, y.device)
+
+        def inputs():  # never a silent NaN from a NaN input
+            for name in ("G", "M", "Cv"):
+                check.finite(f"stats.{name}", getattr(stats, name))
+            check.finite("zq", zq)
+
+        checks.add(bad.ne(0).any(), parameters)
+        checks.add(nonfinite.any() | (~usable).any(), inputs)
+        if not return_info:
+            def breakdown():
+                raise CholeskyError(f"G~ is not positive definite in float32 even after jitter {jitter:g} I "
+                                    f"in {int((~usable).sum())} system(s); pass return_info=True to get a status instead")
+
+            def jittered():
+                warnings.warn(f"Cholesky of G~ needed jitter {jitter:g} I in "
+                              f"{int((status == int(Status.JITTERED)).sum())} system(s)", JitterWarning,
+                              stacklevel=6 if check_inputs is True else 3)  # the caller of koopman_readout / verify
+
+            checks.add((~usable).any(), breakdown)
+            checks.add((status == int(Status.JITTERED)).any(), jittered)
+    launch.finish_checks(check_inputs, checks)
     label = f"{str(stats.G.dtype).replace('torch.', '')}-statistics/float32-arithmetic"
     if not return_info:
-        if broken:
-            raise CholeskyError(f"G~ is not positive definite in float32 even after jitter {jitter:g} I "
-                                f"in {int((~usable).sum())} system(s); pass return_info=True to get a status instead")
-        if jittered:
-            warnings.warn(f"Cholesky of G~ needed jitter {jitter:g} I in {int((status == int(Status.JITTERED)).sum())} "
-                          "system(s)", JitterWarning, stacklevel=3)
         return y
     r, P = stats.G.shape[-1], stats.Cv.shape[-2]
     L = info["L"].reshape(*batch, r, r)

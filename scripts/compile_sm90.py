@@ -55,26 +55,28 @@ def ptxas_report(compiled) -> str:
 def kla_prepare(dtype: str, prec: int, per_channel=False, num_warps=4):
     store = "bf16" if prec == kla.PRECISIONS["bf16"] else "fp32"
     types = {"p_q": f"*{dtype}", "p_k": f"*{dtype}", "p_g": "*fp32", "p_eta": "*fp32", "p_A": f"*{store}",
-             "p_P": f"*{store}", "T": "i32", "Tp": "i32", "H": "i32", "NT": "i32", "eps": "fp32", "start": "i64"}
+             "p_P": f"*{store}", "p_scr": "*fp32", "T": "i32", "Tp": "i32", "H": "i32", "NT": "i32", "eps": "fp32",
+             "start": "i64", "grid_size": "i32"}
     consts = dict(DK=128, BK=128, BKS=32, C=64, NB=4, KACZMARZ=True, PER_CHANNEL=per_channel, PREC=prec)
-    return compile_kernel(kla.prepare_kernel, types, consts, num_warps, 1)
+    return compile_kernel(kla.prepare_kernel, types, consts, num_warps, 3)
 
 
 def kla_recurrence(dtype: str, prec: int, BV: int, num_warps: int, num_stages: int, per_channel=False):
     store = "bf16" if prec == kla.PRECISIONS["bf16"] else "fp32"
     types = {"p_q": f"*{dtype}", "p_k": f"*{dtype}", "p_v": f"*{dtype}", "p_g": "*fp32", "p_A": f"*{store}",
              "p_P": f"*{store}", "p_h0": f"*{dtype}", "p_o": f"*{dtype}", "p_ht": f"*{dtype}", "p_flag": "*fp32",
-             "T": "i32", "Tp": "i32", "H": "i32", "NT": "i32", "nh_start": "i32"}
+             "T": "i32", "Tp": "i32", "H": "i32", "NT": "i32", "grid_size": "i32", "nh_start": "i32"}
     consts = dict(DK=128, DV=128, BK=128, BV=BV, C=64, PER_CHANNEL=per_channel, HAS_H0=True, NORMALIZE=True,
                   STORE_FINAL=True, PREC=prec)
     return compile_kernel(kla.recurrence_kernel, types, consts, num_warps, num_stages)
 
 
 def koopman_readout(dtype: str, R: int, prec: int, num_warps: int, BQ: int = 32):
-    types = {name: "*fp32" for name in ("p_scale", "p_eta", "p_gamma", "p_v0", "p_sigma", "p_finite")}
+    types = {name: "*fp32" for name in ("p_scale", "p_eta", "p_gamma", "p_v0", "p_sigma", "p_finite", "p_bad")}
     types.update({name: f"*{dtype}" for name in ("p_G", "p_M", "p_Cv", "p_zq", "p_y", "p_L", "p_A", "p_Bv")})
     types.update({"p_status": "*i32", "p_failed": "*i32", "r": "i32", "P": "i32", "Q": "i32", "K": "i32",
-                  "power_iters": "i32", "jitter": "fp32", "v0_stride": "i32", "start": "i64"})
+                  "power_iters": "i32", "jitter": "fp32", "v0_stride": "i32", "eta_stride": "i32", "gamma_stride": "i32",
+                  "gamma_lo": "fp32", "gamma_hi": "fp32", "start": "i64"})
     consts = dict(R=R, BP=64, BQ=BQ, STORE_INFO=False, PREC=prec)
     return compile_kernel(koopman.koopman_kernel, types, consts, num_warps, 1)
 
@@ -82,7 +84,8 @@ def koopman_readout(dtype: str, R: int, prec: int, num_warps: int, BQ: int = 32)
 def main() -> int:
     print(f"triton {triton.__version__}, target sm_90a")
     bf16, ieee, tf32x3 = kla.PRECISIONS["bf16"], kla.PRECISIONS["ieee"], kla.PRECISIONS["tf32x3"]
-    runs = [("kla prepare bf16/bf16", lambda: kla_prepare("bf16", bf16)),
+    runs = [(f"kla prepare bf16/bf16 warps={w}", lambda w=w: kla_prepare("bf16", bf16, num_warps=w)) for w in (2, 4, 8)]
+    runs += [
             ("kla prepare fp32/ieee", lambda: kla_prepare("fp32", ieee)),
             ("kla prepare bf16 per-channel", lambda: kla_prepare("bf16", bf16, per_channel=True))]
     for bv, w, s in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 2)):

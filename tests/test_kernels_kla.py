@@ -133,24 +133,29 @@ def test_broken_missing_key_normalisation_fails():
 def test_broken_transposed_decay_mask_fails(monkeypatch):
     # A^T: exp(g_j - g_i) for the decay ratios (every log-decay negated)
     case = kla_case(30, d_k=8, d_v=4, alpha=(0.5, 1.0), chunk_size=16, seed=12)
-    original = kla_mod.chunk_log_decay
-    monkeypatch.setattr(kla_mod, "chunk_log_decay", lambda a, C, pc: -original(a, C, pc))
+    original = kla_mod.gate_tensors
+
+    def negated(*args):
+        g, eta, bad = original(*args)
+        return -g, eta, bad
+
+    monkeypatch.setattr(kla_mod, "gate_tensors", negated)
     assert excess(case, torch.float32, "ieee") > 1.0
 
 
 def test_broken_decay_off_by_one_fails(monkeypatch):
     # gamma_i = alpha_1 ... alpha_{i-1} within each chunk
     case = kla_case(30, d_k=8, d_v=4, alpha=(0.5, 1.0), chunk_size=16, seed=13)
-    original = kla_mod.chunk_log_decay
+    original = kla_mod.gate_tensors
 
-    def shifted(alpha, C, per_channel):
-        g = original(alpha, C, per_channel)
+    def shifted(alpha, eta, shape, C, *args):
+        g, eta32, bad = original(alpha, eta, shape, C, *args)
         N, Tp = g.shape[:2]
         g = g.reshape(N, Tp // C, C, *g.shape[2:])
         g = torch.cat([torch.zeros_like(g[:, :, :1]), g[:, :, :-1]], 2)
-        return g.reshape(N, Tp, *g.shape[3:]).contiguous()
+        return g.reshape(N, Tp, *g.shape[3:]).contiguous(), eta32, bad
 
-    monkeypatch.setattr(kla_mod, "chunk_log_decay", shifted)
+    monkeypatch.setattr(kla_mod, "gate_tensors", shifted)
     assert excess(case, torch.float32, "ieee") > 1.0
 
 
@@ -333,3 +338,58 @@ def test_gpu_per_channel_decay_within_bound(dtype, precision):
     r = excess(case, dtype, precision)
     print(f"kla_chunkwise per-channel T=512 d_k=128 d_v=64 {dtype} {precision}: worst error/bound {r:.3g}")
     assert r <= 1.0
+
+
+# ----------------------------------------------------------------------------- checks read later
+
+
+def test_check_inputs_deferred_raises_the_same_errors_later():
+    # check_inputs=True raises at the call; a DeferredChecks raises the same error at verify();
+    # False returns without reading the flags. Each bad input is one the kernel flags on the
+    # device (a tensor gate out of range, a NaN gate, a NaN query, a zero key with eps = 0).
+    q, k, v = _small()
+    nan_q = q.clone()
+    nan_q[0, 1, 1, 0] = float("nan")
+    zero_k = k.clone()
+    zero_k[1, 4, 0] = 0.0
+    cases = [(dict(alpha=torch.full((9, 2), 1.5, device=DEVICE), eta=0.5), q, k, r"alpha must lie in \(0.0, 1.0\]"),
+             (dict(alpha=0.9, eta=torch.full((9, 2), -0.5, device=DEVICE)), q, k, r"eta must lie in \[0.0, inf\)"),
+             (dict(alpha=torch.tensor(float("nan"), device=DEVICE), eta=0.5), q, k, r"alpha has \d+ non-finite"),
+             (dict(alpha=0.9, eta=0.5), nan_q, k, "q has 1 non-finite"),
+             (dict(alpha=0.9, eta=0.5, eps=0.0), q, zero_k, "zero key with a nonzero value")]
+    for kw, qq, kk, message in cases:
+        with pytest.raises(ValueError, match=message):
+            kernels.kla_chunkwise(qq, kk, v, chunk_size=16, **kw)
+        checks = kernels.DeferredChecks()
+        o, _ = kernels.kla_chunkwise(qq, kk, v, chunk_size=16, check_inputs=checks, **kw)
+        assert o.shape == v.shape and len(checks) > 0
+        with pytest.raises(ValueError, match=message):
+            checks.verify()
+        kernels.kla_chunkwise(qq, kk, v, chunk_size=16, check_inputs=False, **kw)  # no error, no read
+    good = kernels.DeferredChecks()
+    o, S = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16,
+                                 check_inputs=good)
+    good.verify()  # nothing to raise
+    eager = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16)
+    unchecked = kernels.kla_chunkwise(q, k, v, alpha=torch.full((9, 2), 0.9, device=DEVICE), eta=0.5, chunk_size=16,
+                                      check_inputs=False)
+    assert torch.equal(o, eager[0]) and torch.equal(S, eager[1]) and torch.equal(o, unchecked[0])
+    with pytest.raises(TypeError, match="check_inputs must be"):
+        kernels.kla_chunkwise(q, k, v, alpha=0.9, eta=0.5, chunk_size=16, check_inputs="yes")
+
+
+def test_gates_kernel_matches_chunk_log_decay():
+    # g from the kernel equals the PyTorch chunk_log_decay (the form other modules call)
+    g = torch.Generator().manual_seed(3)
+    for per_channel, C, T in ((False, 16, 37), (True, 32, 40)):
+        shape = (2, T, 3, 5) if per_channel else (2, T, 3)
+        alpha = (0.5 + 0.5 * torch.rand(shape, generator=g)).to(DEVICE)
+        eta = torch.rand(2, T, 3, generator=g).to(DEVICE)
+        gk, eta32, bad = kla_mod.gate_tensors(alpha, eta, (2, T, 3, 5), C, per_channel, alpha.device)
+        ref = kla_mod.chunk_log_decay(alpha, C, per_channel)
+        # bound: one float32 log per token and the running sum of at most C of them
+        assert gk.shape == ref.shape
+        assert float((gk - ref).abs().max()) <= C * 2 * unit_roundoff(torch.float32) * float(ref.abs().max())
+        assert torch.equal(eta32[:, :T], eta) and not bad.any()
+        alpha[0, 1, 1] = 2.0  # one token of one head: one (sequence, chunk, head) program flags it
+        assert kla_mod.gate_tensors(alpha, eta, (2, T, 3, 5), C, per_channel, alpha.device)[2].sum() == 1

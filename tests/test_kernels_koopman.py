@@ -272,3 +272,40 @@ def test_gpu_many_systems_against_float64_reference(precision, model):
     print(f"koopman_readout N=4096 r=64 P=Q=64 {precision}: worst error/bound {float(ratio.max()):.3g}, "
           f"median relative error {float(((y.double() - y64).norm() / y64.norm())):.2e}")
     assert float(ratio.max()) <= 1.0
+
+
+# ----------------------------------------------------------------------------- checks read later
+
+
+def test_check_inputs_deferred_applies_the_same_policy_later():
+    # check_inputs=True applies the failure policy at the call; a DeferredChecks applies it at
+    # verify(); False reads nothing (a broken system's outputs are NaN, the status says so)
+    stats, zq = _degenerate()
+    s, q = _to(stats, DEVICE), zq.to(DEVICE)
+    z, v, zq2 = ar1_data(batch=(2,), T=8)
+    good, q2 = _to(koopman_statistics(z.float(), v.float()), DEVICE), zq2.float().to(DEVICE)
+    nan_q = q2.clone()
+    nan_q[0, 1, 2] = float("nan")
+    cases = [((s, q), {}, CholeskyError, "1 system"),
+             ((good, q2), dict(gamma=torch.full((2,), 2.0, device=DEVICE)), ValueError, r"gamma must lie in \[1.0, 1.5\]"),
+             ((good, q2), dict(eta=torch.tensor([1.0, float("nan")], device=DEVICE)), ValueError, "eta has 1 non-finite"),
+             ((good, nan_q), {}, ValueError, "zq has 1 non-finite")]
+    for args, kw, error, message in cases:
+        with pytest.raises(error, match=message):
+            kernels.koopman_readout(*args, **kw)
+        checks = kernels.DeferredChecks()
+        kernels.koopman_readout(*args, check_inputs=checks, **kw)
+        with pytest.raises(error, match=message):
+            checks.verify()
+        kernels.koopman_readout(*args, check_inputs=False, **kw)
+    y, info = kernels.koopman_readout(s, q, return_info=True, check_inputs=False)
+    assert info.system_status.tolist() == [Status.COMPLETED, Status.JITTERED, Status.BREAKDOWN]
+    assert torch.isnan(y[2]).all()
+    ok = KoopmanStatistics(s.G[:2], s.M[:2], s.Cv[:2], s.scale[:2], 0.0)
+    checks = kernels.DeferredChecks()
+    kernels.koopman_readout(ok, q[:2], check_inputs=checks)
+    with pytest.warns(JitterWarning):
+        checks.verify()
+    a = kernels.koopman_readout(good, q2, gamma=torch.full((2,), 1.2, device=DEVICE), eta=1.5)
+    b = kernels.koopman_readout(good, q2, gamma=1.2, eta=torch.full((2,), 1.5, device=DEVICE), check_inputs=False)
+    assert torch.equal(a, b)
