@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from kernel_support import needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
+from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
 
 import kernels
 import solvers
@@ -25,7 +25,8 @@ def _spd(D=4, dtype=torch.float32, seed=0):
     ev = torch.linalg.eigvalsh(H)
     q = torch.randn(D, generator=g, dtype=torch.float64)
     grad = torch.randn(D, generator=g, dtype=torch.float64)
-    return H.to(dtype), q.to(dtype), grad.to(dtype), float(ev[-1]) * 1.01, float(ev[0]) * 0.99
+    return (H.to(DEVICE, dtype), q.to(DEVICE, dtype), grad.to(DEVICE, dtype), float(ev[-1]) * 1.01,
+            float(ev[0]) * 0.99)
 
 
 # ----------------------------------------------------------- kernels.chebyshev_backward: NaN / Inf in

@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import pytest
 import torch
-from kernel_support import needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
+from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
 
 import kernels
 import solvers
@@ -71,7 +71,9 @@ def test_reverse_kernel_adjoint_is_exact_for_a_nonsymmetric_H(method):
     kernel with ``matvec`` in its place is off by 0.28 in dq and 0.20 in dH."""
     H, q, g, L, mu = _nonsymmetric(torch.float32)
     ref_dq, ref_dH = _autograd64(H, q, g, L, mu)
-    dq, dH = kernels.chebyshev_backward(H, q, g, L=L, mu=mu, iters=ITERS, method=method, out_dtype=torch.float32)
+    dq, dH = kernels.chebyshev_backward(H.to(DEVICE), q.to(DEVICE), g.to(DEVICE), L=L, mu=mu, iters=ITERS,
+                                        method=method, out_dtype=torch.float32)
+    dq, dH = dq.cpu(), dH.cpu()
     tol = (rounding_allowance(KAPPA, D, F32) + rounding_allowance(KAPPA, D, F64)) * reversal_amplification(L, mu, ITERS)
     assert rel(dq, ref_dq) <= tol and rel(dH, ref_dH) <= tol
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from kernel_support import needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
+from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa: F401 - autouse fixture
 
 import kernels
 import solvers
@@ -56,7 +56,7 @@ def test_reference_reports_divergence(method, ar, kind):
 @pytest.mark.parametrize("method", METHODS)
 def test_kernel_reports_divergence(method, dtype, kind):
     H, q = _broken_promise(kind)
-    _, info = getattr(kernels, method)(H.to(dtype), q.to(dtype), L=L, mu=MU, iters=ITERS, return_info=True)
+    _, info = getattr(kernels, method)(H.to(DEVICE, dtype), q.to(DEVICE, dtype), L=L, mu=MU, iters=ITERS, return_info=True)
     assert info.status == Status.DIVERGED
 
 
@@ -67,7 +67,7 @@ def test_kernel_flags_only_the_diverging_system_of_a_batch(method):
     H_bad, q = _broken_promise("indefinite")
     pb = spd_problem(D, 10.0, torch.float64, seed=1)
     H = torch.stack([H_bad, pb.H / pb.L]).float()  # the valid one: spectrum in [0.1, 1]
-    _, info = getattr(kernels, method)(H, q.expand(2, D).float(), L=L, mu=MU, iters=ITERS, return_info=True)
+    _, info = getattr(kernels, method)(H.to(DEVICE), q.expand(2, D).float().to(DEVICE), L=L, mu=MU, iters=ITERS, return_info=True)
     assert info.system_status.tolist() == [int(Status.DIVERGED), int(Status.COMPLETED)]
     assert info.status == Status.DIVERGED
 
@@ -93,7 +93,8 @@ def test_no_divergence_reported_on_a_valid_input(method, ar, dim, kappa, iters, 
 def test_kernel_reports_completed_on_gka_problems(method, dtype):
     """GKA's Fig. 1a problems (a = 0.02, kappa <= 51): COMPLETED, as the reference."""
     P = solvers.fig1a_problems(B=1, T=4, heads=1, D=16).to(dtype)
-    _, info = getattr(kernels, method)(P.A, P.q, L=P.L, mu=P.mu, iters=ITERS, return_info=True)
+    _, info = getattr(kernels, method)(P.A.to(DEVICE), P.q.to(DEVICE), L=P.L, mu=P.mu, iters=ITERS,
+                                       return_info=True)
     _, ref = getattr(solvers, method)(P.A, P.q, L=P.L, mu=P.mu, iters=ITERS, return_info=True)
     assert info.status == ref.status == Status.COMPLETED
 
