@@ -97,6 +97,11 @@ ERRATA = (
             command=_m("gka_remark2"),
             affected="Users of Algorithm 2 in float32 or bf16 with r >~ 13-30; GKA trains with implicit differentiation "
                      "(Sec. 4.2.2) and is not affected."),
+    Erratum("gka-alg2-inputs", "gka", "GKA Algorithm 2, line 1: the Input line omits q and the forward's last iterates",
+            ("gka.alg2.inputs.printed",), "wording",
+            "The body reads q in (50) and xi_r, xi_{r-1} in its initialisation, none of which is listed (the line has an "
+            "empty slot ', ,'); with them added, Algorithm 2 (corrected) is the gradient.",
+            affected="Implementers of Algorithm 2, who must keep q and the last two iterates from the forward pass."),
     Erratum("gka-eq15-sign", "gka", 'GKA appendix D.2, eq. (15): "+ w_t H_t" should be "- w_t H_t" (main text (7) is right)',
             ("gka.eq15.printed",), "substantive",
             "The appendix's final formula, said to prove Lemma 1, has the opposite sign of the w_t H_t term; (13) gives the "

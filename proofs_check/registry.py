@@ -43,6 +43,11 @@ def _load() -> None:
     for c in _CLAIMS.values():
         if c.twin is not None and c.twin not in _CLAIMS:
             raise ValueError(f"claim {c.id}: twin {c.twin} is not registered")
+    from . import errata
+
+    problems = errata.check(_CLAIMS.values())
+    if problems:
+        raise ValueError("the errata table (proofs_check/errata.py) disagrees with the claims: " + "; ".join(problems))
 
 
 def all_claims(paper: Optional[str] = None, ids: Optional[Iterable[str]] = None) -> list:

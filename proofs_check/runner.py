@@ -133,10 +133,14 @@ def verdict_text(result: Result, results: Iterable[Result] = ()) -> str:
         return "holds (corrected form)" if c.form == CORRECTED else HOLDS
     if v == FAILS:
         if c.form == PRINTED and c.twin is not None:
+            from .errata import severity_of
+
+            severity = severity_of(c.id)
+            label = f"fails as printed ({severity})" if severity else "fails as printed"
             twin = [r for r in results if r.claim.id == c.twin and r.precision == result.precision]
             if twin and twin[0].verdict == HOLDS:
-                return "fails as printed, corrected form holds"
-            return "fails as printed"
+                return label + ", corrected form holds"
+            return label
         if c.form == EXTENSION:
             return "fails (does not extend)"
         return FAILS
@@ -193,6 +197,10 @@ def format_table(results: list, *, show_counterexamples: bool = True) -> str:
             extra.append(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}")
     mism = sum(not r.matches for r in results)
     summary = f"{len(results)} runs of {len({r.claim.id for r in results})} claims; {mism} differ from the record"
+    if {c.id for c in registry.all_claims()} <= {r.claim.id for r in results}:
+        from .docs import headline
+
+        summary += f"\nerrata: {headline()}"
     return "\n".join(lines + ([""] + extra if extra else []) + ["", summary])
 
 
@@ -229,6 +237,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="worker processes (default: the number of cores)")
     p.add_argument("--no-cache", action="store_true",
                    help="search every claim afresh instead of replaying recorded searches (.cache/proofs_check)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="run every claim and regenerate docs/claims.md, docs/errata.md (index and metadata) and "
+                        "proofs_check/measured.json from the catalogue")
     p.add_argument("--timings", nargs="?", const=15, type=_positive_int, metavar="N",
                    help="after the table, list the N slowest claim x precision runs (default 15)")
     return p
@@ -251,6 +262,9 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         selected = registry.all_claims(args.paper, args.claim)
     except ValueError as exc:
         parser.error(f"--claim: {exc}")
+    if args.write_docs and (args.paper or args.claim or args.precision or args.random or args.list):
+        parser.error("--write-docs runs the whole catalogue deterministically: drop --paper, --claim, --precision, "
+                     "--random and --list")
     if args.list:
         for c in selected:
             print(f"{c.id:48s} {c.source:40s} {','.join(c.precisions)}")
@@ -265,6 +279,11 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
                   deterministic=not args.random, shrink=not args.no_shrink, progress=progress, jobs=args.jobs,
                   cache=not args.no_cache)
     print(format_table(results))
+    if args.write_docs:
+        from . import docs
+
+        for path in docs.write(results, args.examples):
+            print(f"wrote {path}", file=sys.stderr)
     if args.timings:
         print("\n" + format_timings(results, args.timings))
     return 0 if all(r.matches for r in results) else 1
