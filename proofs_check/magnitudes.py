@@ -73,46 +73,41 @@ def _gka_layer_grads(T: int, gam_lo: float, seed: int = 0):
     return k, gamma, H, fro, x, dq, w
 
 
-def gka_eq15() -> dict:
-    """App. D.2 eq. (15) (+ w_t H_t) vs Lemma 1 (7) (- w_t H_t): relative error of dk, T = 256."""
-    from solvers.gka_grad import lemma1_dk
-
+def _gka_gap(printed_and_corrected) -> dict:
+    """Relative error printed vs corrected on the GKA layer's gradients (T = 256, D = 128), gates in [lo, 1]."""
     out = {}
     for lo in (0.9, 0.99):
-        k, gamma, H, fro, x, dq, w = _gka_layer_grads(256, lo)
-        shifted = torch.cat([gamma[1:], gamma.new_ones(1)])  # M_{i,t} = gamma_{i+1} .. gamma_t
-        p = lemma1_dk(k, dq, x, H, w, gamma=shifted, w_sign=+1.0)
-        c = lemma1_dk(k, dq, x, H, w, gamma=shifted, w_sign=-1.0)
+        p, c = printed_and_corrected(*_gka_layer_grads(256, lo))
         out[f"gates in [{lo}, 1]"] = _rel(p, c)
     return out
+
+
+def gka_eq15() -> dict:
+    """App. D.2 eq. (15) (+ w_t H_t) vs Lemma 1 (7) (- w_t H_t): relative error of dk."""
+    from solvers.gka_grad import lemma1_dk
+
+    def forms(k, gamma, H, fro, x, dq, w):
+        shifted = torch.cat([gamma[1:], gamma.new_ones(1)])  # M_{i,t} = gamma_{i+1} .. gamma_t
+        return [lemma1_dk(k, dq, x, H, w, gamma=shifted, w_sign=s) for s in (+1.0, -1.0)]
+    return _gka_gap(forms)
 
 
 def gka_eq40() -> dict:
-    """App. D.2.1 eq. (40): printed gate product prod_{i=l}^{t-1} vs M_{l,t}, relative error of dk, T = 256."""
+    """App. D.2.1 eq. (40): printed gate product prod_{i=l}^{t-1} vs M_{l,t}: relative error of dk."""
     from solvers.gka_grad import appendix40_dk
 
-    out = {}
-    for lo in (0.9, 0.99):
-        k, gamma, H, fro, x, dq, w = _gka_layer_grads(256, lo)
-        g = torch.log(gamma)
-        p = appendix40_dk(k, dq, x, H, fro, a=GKA_A, g=g, product="printed")
-        c = appendix40_dk(k, dq, x, H, fro, a=GKA_A, g=g, product="corrected")
-        out[f"gates in [{lo}, 1]"] = _rel(p, c)
-    return out
+    def forms(k, gamma, H, fro, x, dq, w):
+        return [appendix40_dk(k, dq, x, H, fro, a=GKA_A, g=torch.log(gamma), product=f) for f in ("printed", "corrected")]
+    return _gka_gap(forms)
 
 
 def gka_cross_chunk() -> dict:
-    """Sec. 4.2.2: cross-chunk coefficient zeta_C (printed) vs M_{i,C}: relative error of B_i k_i, T = 256, C = 64."""
+    """Sec. 4.2.2: cross-chunk coefficient zeta_C (printed) vs M_{i,C}: relative error of B_i k_i, chunks of 64."""
     from solvers.gka_chunk import chunkwise_Bk
 
-    out = {}
-    for lo in (0.9, 0.99):
-        k, gamma, H, fro, x, dq, w = _gka_layer_grads(256, lo)
-        g = torch.log(gamma)
-        p = chunkwise_Bk(k, w, g=g, chunk_size=CHUNK, cross="printed")
-        c = chunkwise_Bk(k, w, g=g, chunk_size=CHUNK, cross="corrected")
-        out[f"gates in [{lo}, 1]"] = _rel(p, c)
-    return out
+    def forms(k, gamma, H, fro, x, dq, w):
+        return [chunkwise_Bk(k, w, g=torch.log(gamma), chunk_size=CHUNK, cross=f) for f in ("printed", "corrected")]
+    return _gka_gap(forms)
 
 
 def gka_algorithm2() -> dict:

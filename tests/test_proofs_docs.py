@@ -137,3 +137,30 @@ def test_parallel_run_matches_serial(tmp_path, monkeypatch):
     serial = runner.table_rows(runner.run(claims=ids, examples=3, jobs=1))
     parallel = runner.table_rows(runner.run(claims=ids, examples=3, jobs=2))
     assert [dict(r, seconds=0) for r in serial] == [dict(r, seconds=0) for r in parallel]
+
+
+# --------------------------------------------------------------------------- magnitudes
+
+
+def test_every_magnitude_command_names_a_computation():
+    from proofs_check import magnitudes
+
+    for e in errata.ERRATA:
+        if e.command:
+            name = e.command.split()[-1]
+            assert e.command == f"{errata.MAGNITUDE_COMMAND} {name}" and name in magnitudes.MAGNITUDES, e.slug
+
+
+def test_cheap_magnitudes_match_the_catalogue(capsys):
+    from proofs_check import magnitudes
+
+    assert magnitudes.main(["echo_complexity", "gates_scale"]) == 0
+    out = capsys.readouterr().out
+    assert "T=2048: actual / printed = 44.8" in out and "T=65536: actual / printed = 107" in out
+    assert "alpha=0.99 (z=9.95): |phi'|/phi^2 = 0.00203" in out
+    by_slug = {e.slug: e for e in errata.ERRATA}
+    assert "45x at T = 2048 and 107x at T = 65536" in by_slug["echo-complexity"].magnitude
+    assert "2.0e-3 against the printed 20" in by_slug["gates-balanced-scale"].magnitude
+    with pytest.raises(SystemExit) as exc:
+        magnitudes.main(["no_such"])
+    assert exc.value.code == 2
