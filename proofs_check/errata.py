@@ -120,7 +120,8 @@ ERRATA = (
     Erratum("gka-eq24-sign", "gka", "GKA appendix D.2, eq. (24): both gate-gradient parts have the wrong sign",
             ("gka.eq24.printed",), "substantive",
             "Substituting dH_c = -1/2 w_c H_c into (22) gives the negation of both printed parts (the slip of (15)).",
-            magnitude="Relative error exactly 2 at every size (the printed parts are the negated gradient).",
+            magnitude="The two parts of dG due to the w_t H_t term are negated: relative error exactly 2 on those parts at "
+                      "every size (the rest of dG, eqs. (16)-(23), is right).",
             affected="Anyone implementing the gate gradient from App. D.2, the only place it is given; in training the "
                      "gates would be pushed the wrong way by this part."),
     Erratum("gka-chunk-matvec", "gka", 'GKA Sec. 4.2.1: "H_{[t]+1} xi via H_{[t]} xi + gamma_1 k k^T xi" puts the decay on the '
@@ -263,8 +264,8 @@ ERRATA = (
                      "causal."),
     Erratum("echo-conditioning", "echo", "Echo section 3.2.2: longer sequences do not give better-conditioned Gram matrices",
             ("echo.s322.conditioning.printed",), "wording",
-            "Our paraphrase (the Gram condition number) is refuted, but the stated mechanism, lambda_min(G~) never "
-            "decreasing so that Theorem C.1's bound never grows, holds.",
+            "'Better-conditioned' read as the Gram condition number is false (it can grow with T), but the mechanism the "
+            "sentence gives, lambda_min(G~) never decreasing so that Theorem C.1's bound never grows, holds.",
             affected="Nobody."),
     Erratum("echo-exact-stats", "echo", 'Echo section 3.2.2: the statistics are "exact regardless of how many tokens" only in '
             "exact arithmetic", ("echo.s322.exact_stats.printed",), "wording",
