@@ -498,6 +498,8 @@ VARIANTS = (
            _with(mean=lambda xs: sum(xs) / (len(xs) - 1))),
     Broken("ratio_inverted", "ratios b/a instead of a/b", ("gka.reported.table6", "kla.reported.numbers"),
            _with(ratio=lambda a, b: Fraction(b) / Fraction(a))),
+    Broken("best_is_lowest", "the best column taken as the lowest score", ("echo.reported.table2_3_prose",),
+           _with(best_column=lambda row: min(range(len(row)), key=lambda i: Fraction(row[i])))),
     Broken("kv_cache_keys_only", "KV cache counting keys only", ("echo.reported.numbers",),
            _with(kv_cache_bytes=lambda T, d, nbytes: T * d * nbytes)),
 )

@@ -6,6 +6,7 @@ them on first use, so importing :mod:`proofs_check` stays cheap.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Iterable, Optional
 
@@ -42,6 +43,11 @@ def _load() -> None:
     for c in _CLAIMS.values():
         if c.twin is not None and c.twin not in _CLAIMS:
             raise ValueError(f"claim {c.id}: twin {c.twin} is not registered")
+    from . import errata
+
+    problems = errata.check(_CLAIMS.values())
+    if problems:
+        raise ValueError("the errata table (proofs_check/errata.py) disagrees with the claims: " + "; ".join(problems))
 
 
 def all_claims(paper: Optional[str] = None, ids: Optional[Iterable[str]] = None) -> list:
@@ -59,9 +65,22 @@ def all_claims(paper: Optional[str] = None, ids: Optional[Iterable[str]] = None)
         wanted = list(ids)
         unknown = [w for w in wanted if not any(_id_matches(c.id, w) for c in _CLAIMS.values())]
         if unknown:
-            raise ValueError(f"unknown claim id(s) {unknown}")
+            hints = [f"did you mean {' or '.join(repr(h) for h in suggest(w))}?" for w in unknown if suggest(w)]
+            if not hints:
+                hints = [f"did you mean an id under {', '.join(repr(p) for p in PAPERS)}? `--list` lists them"]
+            raise ValueError(f"unknown claim id(s) {', '.join(repr(w) for w in unknown)} ({'; '.join(hints)})")
         out = [c for c in out if any(_id_matches(c.id, w) for w in wanted)]
     return out
+
+
+def suggest(wanted: str, n: int = 3) -> list:
+    """Registered ids or id prefixes (ending at a dot) closest to ``wanted``."""
+    _load()
+    names = set(_CLAIMS)
+    for cid in _CLAIMS:
+        parts = cid.split(".")
+        names.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    return difflib.get_close_matches(wanted, sorted(names), n=n, cutoff=0.5)
 
 
 def uncheckable(paper: Optional[str] = None) -> list:

@@ -18,14 +18,17 @@ Public API (also used by ``python -m analysis claims``):
 from __future__ import annotations
 
 import argparse
+import copy
+import difflib
 import math
+import os
 import sys
 import time
 from typing import Iterable, Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
-from . import registry
+from . import registry, replay
 from .claim import (ALL_PRECISIONS, CORRECTED, ERROR, EXTENSION, FAILS, HOLDS, PENDING, PRINTED, Claim,
                     Measurement, Pending, Result)
 
@@ -34,6 +37,10 @@ DEFAULT_EXAMPLES = 25
 
 class _Violation(AssertionError):
     """A case whose measured value exceeds its bound."""
+
+
+def _violation_message(claim: Claim, precision: str, m: Measurement) -> str:
+    return f"{claim.id} [{precision}]: {m.value:.6g} > {m.bound:.6g} {m.detail}"
 
 
 def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
@@ -48,9 +55,10 @@ def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
 
 
 def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES, deterministic: bool = True,
-              impl: Optional[Mapping] = None, shrink: bool = True) -> Result:
+              impl: Optional[Mapping] = None, shrink: bool = True, record: Optional[list] = None) -> Result:
     """Search one claim in one precision. ``impl`` replaces ``claim.implementation()``
-    (how :mod:`proofs_check.broken` injects a broken implementation)."""
+    (how :mod:`proofs_check.broken` injects a broken implementation). ``record``: a list that
+    receives ``(case, passed)`` for every call of the check, in order (:mod:`proofs_check.replay`)."""
     start = time.perf_counter()
     try:
         implementation = claim.implementation() if impl is None else impl
@@ -60,12 +68,15 @@ def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES,
 
     def body(case):
         state["tried"] += 1
+        snapshot = copy.deepcopy(case) if record is not None else None
         m = claim.check(case, implementation, precision)
+        if record is not None:
+            record.append((snapshot, m.ok))
         if _worse(m, state["worst"]):
             state["worst"] = m
         if not m.ok:
             state["fail"] = (case, m)
-            raise _Violation(f"{claim.id} [{precision}]: {m.value:.6g} > {m.bound:.6g} {m.detail}")
+            raise _Violation(_violation_message(claim, precision, m))
 
     test = given(claim.strategy())(body)
     for case in reversed(claim.examples):
@@ -89,27 +100,28 @@ def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES,
 
 def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, examples: int = DEFAULT_EXAMPLES,
         precisions: Optional[Iterable[str]] = None, deterministic: bool = True, shrink: bool = True,
-        progress=None) -> list:
-    """Run the selected claims; one :class:`Result` per (claim, precision).
+        progress=None, jobs: int = 1, cache: bool = True) -> list:
+    """Run the selected claims; one :class:`Result` per (claim, precision), in catalogue order.
 
     ``precisions``: restrict to these labels (each claim runs in those it supports); by
     default every precision the claim lists. ``progress(result)`` is called after each run.
+    ``jobs``: worker processes (:mod:`proofs_check.parallel`). ``cache``: replay recorded
+    deterministic searches where they reproduce (:mod:`proofs_check.replay`); the verdicts are
+    those of a fresh search either way.
     """
+    if examples < 1:
+        raise ValueError(f"examples must be a positive integer, got {examples}")
     wanted = None if precisions is None else list(precisions)
     if wanted is not None:
         bad = [p for p in wanted if p not in ALL_PRECISIONS]
         if bad:
             raise ValueError(f"unknown precision(s) {bad}; expected some of {list(ALL_PRECISIONS)}")
-    results = []
-    for claim in registry.all_claims(paper, claims):
-        for p in claim.precisions:
-            if wanted is not None and p not in wanted:
-                continue
-            r = run_claim(claim, p, examples=examples, deterministic=deterministic, shrink=shrink)
-            results.append(r)
-            if progress is not None:
-                progress(r)
-    return results
+    pairs = [(claim, p) for claim in registry.all_claims(paper, claims) for p in claim.precisions
+             if wanted is None or p in wanted]
+    from .parallel import run_pairs
+
+    return run_pairs(pairs, examples=examples, deterministic=deterministic, shrink=shrink, jobs=jobs, cache=cache,
+                     progress=progress)
 
 
 def verdict_text(result: Result, results: Iterable[Result] = ()) -> str:
@@ -121,10 +133,14 @@ def verdict_text(result: Result, results: Iterable[Result] = ()) -> str:
         return "holds (corrected form)" if c.form == CORRECTED else HOLDS
     if v == FAILS:
         if c.form == PRINTED and c.twin is not None:
+            from .errata import severity_of
+
+            severity = severity_of(c.id)
+            label = f"fails as printed ({severity})" if severity else "fails as printed"
             twin = [r for r in results if r.claim.id == c.twin and r.precision == result.precision]
             if twin and twin[0].verdict == HOLDS:
-                return "fails as printed, corrected form holds"
-            return "fails as printed"
+                return label + ", corrected form holds"
+            return label
         if c.form == EXTENSION:
             return "fails (does not extend)"
         return FAILS
@@ -181,30 +197,76 @@ def format_table(results: list, *, show_counterexamples: bool = True) -> str:
             extra.append(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}")
     mism = sum(not r.matches for r in results)
     summary = f"{len(results)} runs of {len({r.claim.id for r in results})} claims; {mism} differ from the record"
+    if {c.id for c in registry.all_claims()} <= {r.claim.id for r in results}:
+        from .docs import headline
+
+        summary += f"\nerrata: {headline()}"
     return "\n".join(lines + ([""] + extra if extra else []) + ["", summary])
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr and exit status 2 (a changed verdict exits 1)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog,
-                                description="Check the papers' claims (docs/claims.md) and compare with the record.")
+    p = _Parser(prog=prog, description="Check the papers' claims (docs/claims.md) and compare with the record.")
     p.add_argument("--paper", choices=sorted(["gka", "kla", "echo", "gates"]), help="only this paper's claims")
     p.add_argument("--claim", action="append", metavar="ID",
                    help="claim id or id prefix (repeatable), e.g. gka.lemma3 or gka.alg2")
-    p.add_argument("--examples", type=int, default=DEFAULT_EXAMPLES, metavar="N",
+    p.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"hypothesis examples per claim and precision (default {DEFAULT_EXAMPLES})")
     p.add_argument("--precision", action="append", choices=list(ALL_PRECISIONS),
                    help="only these precisions (repeatable); default: each claim's own list")
     p.add_argument("--random", action="store_true", help="random search instead of the deterministic one")
     p.add_argument("--no-shrink", action="store_true", help="report counterexamples unshrunk (faster)")
     p.add_argument("--list", action="store_true", help="list the selected claims and exit")
+    p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+                   help="worker processes (default: the number of cores)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="search every claim afresh instead of replaying recorded searches (.cache/proofs_check)")
+    p.add_argument("--write-docs", action="store_true",
+                   help="run every claim and regenerate docs/claims.md, docs/errata.md (index and metadata) and "
+                        "proofs_check/measured.json from the catalogue")
+    p.add_argument("--timings", nargs="?", const=15, type=_positive_int, metavar="N",
+                   help="after the table, list the N slowest claim x precision runs (default 15)")
     return p
+
+
+def format_timings(results: list, n: int) -> str:
+    """The ``n`` slowest runs, and the total time the searches took."""
+    slow = sorted(results, key=lambda r: -r.seconds)[:n]
+    lines = [f"slowest {len(slow)} of {len(results)} runs (sum of all runs {sum(r.seconds for r in results):.1f} s):"]
+    lines += [f"  {r.seconds:6.2f} s  {r.claim.id} [{r.precision}] ({r.tried} cases"
+              f"{', replayed' if r.extra.get('replayed') else ''})" for r in slow]
+    return "\n".join(lines)
 
 
 def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -> int:
     """The command line; ``prog`` names it in ``--help`` (``python -m analysis claims`` passes its own)."""
-    args = _parser(prog).parse_args(argv)
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        selected = registry.all_claims(args.paper, args.claim)
+    except ValueError as exc:
+        parser.error(f"--claim: {exc}")
+    if args.write_docs and (args.paper or args.claim or args.precision or args.random or args.list):
+        parser.error("--write-docs runs the whole catalogue deterministically: drop --paper, --claim, --precision, "
+                     "--random and --list")
     if args.list:
-        for c in registry.all_claims(args.paper, args.claim):
+        for c in selected:
             print(f"{c.id:48s} {c.source:40s} {','.join(c.precisions)}")
         return 0
 
@@ -214,6 +276,14 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
               file=sys.stderr, flush=True)
 
     results = run(args.paper, args.claim, examples=args.examples, precisions=args.precision,
-                  deterministic=not args.random, shrink=not args.no_shrink, progress=progress)
+                  deterministic=not args.random, shrink=not args.no_shrink, progress=progress, jobs=args.jobs,
+                  cache=not args.no_cache)
     print(format_table(results))
+    if args.write_docs:
+        from . import docs
+
+        for path in docs.write(results, args.examples):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.timings:
+        print("\n" + format_timings(results, args.timings))
     return 0 if all(r.matches for r in results) else 1

@@ -64,7 +64,7 @@ def test_registry_bookkeeping():
 def test_main_exit_status_and_table(capsys, monkeypatch):
     assert runner.main(["--claim", "gka.lemma3", "--claim", "gka.chunk_matvec", "--examples", "2", "--precision", "mp"]) == 0
     out = capsys.readouterr().out
-    assert "gka.lemma3" in out and "fails as printed, corrected form holds" in out
+    assert "gka.lemma3" in out and "fails as printed (substantive), corrected form holds" in out
     claim = registry.get("gka.lemma3")
     monkeypatch.setitem(registry._CLAIMS, "gka.lemma3", dataclasses.replace(claim, expected=FAILS))
     assert runner.main(["--claim", "gka.lemma3", "--examples", "2", "--precision", "mp"]) == 1
@@ -128,4 +128,4 @@ def test_claims_md_lists_every_claim():
     text = (Path(__file__).resolve().parents[1] / "docs" / "claims.md").read_text()
     missing = [c.id for c in registry.all_claims() if f"`{c.id}`" not in text]
     missing += [u.id for u in registry.uncheckable() if f"`{u.id}`" not in text]
-    assert not missing, f"regenerate docs/claims.md (python -m proofs_check.catalogue): {missing}"
+    assert not missing, f"regenerate docs/claims.md (python -m proofs_check --write-docs): {missing}"

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -40,6 +41,7 @@ def is_bf16(t) -> bool:
     return bool(torch.equal(t.to(torch.bfloat16).to(torch.float64), t))
 
 
+@functools.lru_cache(maxsize=None)  # one strategy object per argument set: hypothesis caches per object
 def bf16_floats(min_value: float = -4.0, max_value: float = 4.0, *, allow_zero: bool = True,
                 min_magnitude: float = 2.0**-8):
     """Strategy: bfloat16 values in ``[min_value, max_value]``.
@@ -70,11 +72,13 @@ def bf16_floats(min_value: float = -4.0, max_value: float = 4.0, *, allow_zero: 
     return nonzero
 
 
+@functools.lru_cache(maxsize=None)
 def bf16_vectors(n: int, **kwargs):
     """Strategy: a tuple of ``n`` bf16 values (keyword arguments as :func:`bf16_floats`)."""
     return st.tuples(*[bf16_floats(**kwargs) for _ in range(n)])
 
 
+@functools.lru_cache(maxsize=None)
 def bf16_matrices(rows: int, cols: int, **kwargs):
     """Strategy: a ``rows``-tuple of ``cols``-tuples of bf16 values."""
     return st.tuples(*[bf16_vectors(cols, **kwargs) for _ in range(rows)])

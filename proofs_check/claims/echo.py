@@ -1392,3 +1392,61 @@ register(
          strategy=lambda: _seq_cases(min_T=2), check=_layer_estimator("corrected"), form=CORRECTED,
          twin="echo.s323.layer_estimator.printed"),
 )
+
+
+# ------------------------------------------------------------------- chunk-causal mode and the sequence max
+
+
+def _chunk_causal_impl():
+    impl = dict(_impl())
+    for name in ("chunk_causal_statistics", "koopman_readout", "sequence_max_scale"):
+        impl[name] = attr("solvers.koopman", name)
+    return impl
+
+
+def _late_token_cases():
+    """A sequence of 3 chunks (S = 4, r = 2, P = 2, AR(1)-like keys from a seed) and the factor its last key is scaled by."""
+    return st.tuples(st.integers(0, 2**16), st.sampled_from((2.0, 10.0)))
+
+
+@formed
+def _chunk_causal(form):
+    """Eqs. (7)-(10) estimate chunk c's operator 'from strictly preceding chunks'. ``printed``: keys divided by eq. (3)'s
+    m = max_{s<=T} ||z_s|| (a max over the whole sequence); ``corrected``: by a scale fixed before the sequence (here the
+    first chunk's max, as a decoder would freeze it). Measured: the change of chunks 0-1's outputs when only the last
+    token (chunk 2) changes, held to 0 (the outputs must be bitwise the same)."""
+    def check(case, impl, prec) -> Measurement:
+        seed, factor = case
+        g = torch.Generator().manual_seed(seed)
+        T, S = 12, 4
+        e = torch.randn(T, 2, generator=g, dtype=F64)
+        z = e.clone()
+        for t in range(1, T):
+            z[t] = 0.8 * z[t - 1] + e[t]
+        v = torch.randn(T, 2, generator=g, dtype=F64)
+        zq = torch.randn(3, 2, 2, generator=g, dtype=F64)
+        late = z.clone()
+        late[-1] = factor * late[-1]
+        scale = None if form == "printed" else impl["sequence_max_scale"](z[:S])
+        outs = [impl["koopman_readout"](impl["chunk_causal_statistics"](x, v, chunk_size=S, scale=scale), zq) for x in (z, late)]
+        change = float((outs[0][:2] - outs[1][:2]).abs().max())
+        return Measurement(change, 0.0, f"max change of chunks 0-1 when token {T - 1} is scaled by {factor:g}")
+    return check
+
+
+register(
+    echo(id="echo.chunk_causal.printed", source="Echo Sec. 3.2.1 chunk-causal mode, eqs. (3), (7)-(10)",
+         statement="In chunk-causal mode chunk c's outputs depend only on strictly preceding chunks, with keys normalised by "
+                   "eq. (3)'s m = max_{s<=T} ||z_s||.",
+         quantity="float64: max change of chunks 0-1's outputs (solvers.koopman, S = 4, T = 12) when only the last key is "
+                  "scaled, held to 0.",
+         strategy=_late_token_cases, check=_chunk_causal("printed"), precisions=("float64",), expected=FAILS,
+         twin="echo.chunk_causal.corrected", examples=((0, 10.0),), implementation=_chunk_causal_impl,
+         note="The max in eq. (3) runs over the whole sequence: a larger later key rescales every earlier chunk's statistics."),
+    echo(id="echo.chunk_causal.corrected", source="Echo Sec. 3.2.1 chunk-causal mode (corrected)",
+         statement="With a scale fixed before the sequence (a frozen or running scale instead of the sequence max), chunks "
+                   "before a changed token are bitwise unchanged.",
+         quantity="float64: the same change with scale = the first chunk's max, held to 0.",
+         strategy=_late_token_cases, check=_chunk_causal("corrected"), precisions=("float64",), form=CORRECTED,
+         twin="echo.chunk_causal.printed", implementation=_chunk_causal_impl),
+)

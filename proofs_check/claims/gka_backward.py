@@ -1074,3 +1074,42 @@ register(
         quantity="mp: CG(H, g, D) against mpmath.diff of <g, CG(H, q, D)>.",
         strategy=_cg_cases, check=_lemma2_cg("full"), form=EXTENSION),
 )
+
+
+@formed
+def _alg2_inputs(form):
+    """Algorithm 2's Input line lists H, d xi_r, L, mu, r and omega_r (with an empty slot); its body also reads q
+    ((50) and the xi_{i-2} it rebuilds) and the forward's last iterates xi_r, xi_{r-1}. Measured on two problems that
+    agree in every listed input but have q' = 2q (so the forward's iterates double): the relative change of dH.
+    ``printed`` (the outputs are a function of the listed inputs): the change, held to 0; ``corrected`` (q and
+    xi_r, xi_{r-1} are inputs too, so the outputs may depend on them): value 1 if the change is 0, held to 0."""
+    def check(case, impl, prec) -> Measurement:
+        with mpla.exact():
+            A, q, g, L, mu, r = _mp_problem(case)
+            outs = []
+            for qq in (q, 2 * q):
+                _, _, xis, w = impl["adjoint_mp"](A, qq, g, L, mu, r)
+                outs.append(impl["algorithm2_mp"](A, qq, g, L, mu, r, xis[-1], xis[-2], w[-1]))
+            change = mpla.fro(outs[1][1] - outs[0][1]) / (mpla.fro(outs[0][1]) + mpla.exact_tol())
+            if form == "printed":
+                return Measurement(float(change), float(mpla.exact_tol()), "dH changes with q at equal listed inputs")
+            if mpla.fro(outs[0][1]) == 0:
+                return Measurement(0.0, 1.0, "dH = 0 (q = 0 or d xi_r = 0): nothing can change")
+            return Measurement(float(change == 0), 0.0, f"relative change of dH with q: {mpmath.nstr(change, 3)}")
+    return check
+
+
+register(
+    chb(id="gka.alg2.inputs.printed", source="GKA App. F, Algorithm 2, line 1 (Input)",
+        statement="Algorithm 2 computes dq, dH from its listed inputs H, d xi_r, L, mu, r and the final weight omega_r.",
+        quantity="mp: two problems equal in every listed input with q' = 2q (and the forward iterates they give): relative "
+                 "change of dH, held to 1e-30.",
+        strategy=lambda: _ch_cases(min_r=1, max_r=3), check=_alg2_inputs("printed"), expected=FAILS,
+        twin="gka.alg2.inputs.corrected", examples=(_CH_EXAMPLE,),
+        note="The body reads q in (50) and xi_r, xi_{r-1} in the initialisation and at i = r; the input line has an empty slot."),
+    chb(id="gka.alg2.inputs.corrected", source="GKA App. F, Algorithm 2, line 1 (corrected)",
+        statement="Inputs: H, q, d xi_r, L, mu, r, omega_r and the forward's xi_r, xi_{r-1}; dH does depend on q.",
+        quantity="mp: value 1 if dH does not change with q, held to 0.",
+        strategy=lambda: _ch_cases(min_r=1, max_r=3), check=_alg2_inputs("corrected"), form=CORRECTED,
+        twin="gka.alg2.inputs.printed"),
+)

@@ -241,36 +241,104 @@ register(kla(
 # ----------------------------------------------------------------------------- Propositions 1, 2
 
 
-def _check_prop1(case, impl, prec) -> Measurement:
-    eta, eps = case["eta"], case["eps"]
-    if eta == 1.0 and eps == 0.0:
-        return Measurement(0.0, 1.0, "eta = 1, eps = 0: mu = infinity (the constrained problem, Theorem 1)")
-    with mpla.exact():
-        S, k, v = _mp_token(case)
-        nk2 = mpla.dot(k, k)
-        mu = mpf(eta) / ((1 - mpf(eta)) * nk2 + mpf(eps))
-        St = impl["kla_step_mp"](S, k, v, eta, eps)
+@formed
+def _prop1(form):
+    """Prop. 1: the relaxed update (3) minimises the proximal objective with mu = eta/((1 - eta)||k||^2 + eps).
+    ``printed``: for every eta in (0, 1], eps >= 0, so mu must be defined (it is 1/0 at eta = 1, eps = 0);
+    ``corrected``: where (1 - eta)||k||^2 + eps > 0 (at eta = 1, eps = 0 the statement is Theorem 1's)."""
+    def check(case, impl, prec) -> Measurement:
+        eta, eps = case["eta"], case["eps"]
+        if eta == 1.0 and eps == 0.0:
+            if form == "printed":
+                return Measurement(math.inf, 0.0, "eta = 1, eps = 0: mu = eta/0 is undefined")
+            return Measurement(0.0, 1.0, "eta = 1, eps = 0: mu = infinity (the constrained problem, Theorem 1)")
+        with mpla.exact():
+            S, k, v = _mp_token(case)
+            nk2 = mpla.dot(k, k)
+            mu = mpf(eta) / ((1 - mpf(eta)) * nk2 + mpf(eps))
+            St = impl["kla_step_mp"](S, k, v, eta, eps)
 
-        def J(M):
-            d = M - S
-            r = M.T * k - v
-            return mpla.inner(d, d) / 2 + mu / 2 * mpla.dot(r, r)
+            def J(M):
+                d = M - S
+                r = M.T * k - v
+                return mpla.inner(d, d) / 2 + mu / 2 * mpla.dot(r, r)
 
-        grad = mpla.matrix_grad(J, St)
-        tau = mu / (1 + mu * nk2)  # eq. (15)
-        return worst([Measurement(float(mpla.fro(grad)), float(mpla.exact_tol() * (mpla.fro(St) + mpla.fro(v) + 1)),
-                                  "||grad J(S_t)||"),
-                      exact_identity(tau, impl["beta_mp"](k, eta, eps), "mu/(1 + mu||k||^2) = beta")])
+            grad = mpla.matrix_grad(J, St)
+            tau = mu / (1 + mu * nk2)  # eq. (15)
+            return worst([Measurement(float(mpla.fro(grad)), float(mpla.exact_tol() * (mpla.fro(St) + mpla.fro(v) + 1)),
+                                      "||grad J(S_t)||"),
+                          exact_identity(tau, impl["beta_mp"](k, eta, eps), "mu/(1 + mu||k||^2) = beta")])
+    return check
 
 
-register(kla(
-    id="kla.prop1", source="KLA Sec. 3.1, Proposition 1; App. A.3, eqs. (14)-(15)",
-    statement="For eta in (0, 1] and eps >= 0, with mu = eta/((1 - eta)||k||^2 + eps), the relaxed update (3) is the exact "
-              "minimiser of (1/2)||S - S~||_F^2 + (mu/2)||S^T k - v||^2 (strictly convex, so the stationary point is it).",
-    quantity="mp: the gradient of the proximal objective at S_t (mpmath.diff), and mu/(1 + mu ||k||^2) = beta.",
-    strategy=_token_cases, check=_check_prop1,
-    note="At eta = 1, eps = 0 mu is infinite: the statement then is Theorem 1 (the constrained problem), not a proximal one.",
-))
+_PROP1_EXAMPLE = {"S": ((0.0,),), "k": (1.0,), "v": (1.0,), "eta": 1.0, "eps": 0.0}
+register(
+    kla(id="kla.prop1.printed", source="KLA Sec. 3.1, Proposition 1; App. A.3, eqs. (14)-(15)",
+        statement="For any eta in (0, 1] and eps >= 0, mu = eta/((1 - eta)||k||^2 + eps) is defined and the relaxed update (3) "
+                  "is the exact minimiser of (1/2)||S - S~||_F^2 + (mu/2)||S^T k - v||^2.",
+        quantity="mp: mu defined (inf if not), then the gradient of the proximal objective at S_t (mpmath.diff) and "
+                 "mu/(1 + mu ||k||^2) = beta.",
+        strategy=_token_cases, check=_prop1("printed"), expected=FAILS, twin="kla.prop1", examples=(_PROP1_EXAMPLE,),
+        note="At eta = 1, eps = 0 (the headline unrelaxed case, inside the stated range) mu = 1/0."),
+    kla(id="kla.prop1", source="KLA Sec. 3.1, Proposition 1 (where mu is finite)",
+        statement="For eta in (0, 1], eps >= 0 with (1 - eta)||k||^2 + eps > 0, the relaxed update (3) is the exact minimiser "
+                  "of the proximal objective (strictly convex, so the stationary point is it); at eta = 1, eps = 0 it is "
+                  "Theorem 1's constrained projection, the mu -> infinity limit.",
+        quantity="mp: the gradient of the proximal objective at S_t (mpmath.diff), and mu/(1 + mu ||k||^2) = beta.",
+        strategy=_token_cases, check=_prop1("corrected"), form=CORRECTED, twin="kla.prop1.printed"),
+)
+
+
+@formed
+def _prop2_printed_range(form):
+    """Prop. 2 / App. A.4's range: ``printed``: for eta in (0, 1], eps >= 0 (any key) the factor lies in [0, 1) and
+    ||e+|| < ||e||; ``corrected``: for k != 0 the factor lies in [0, 1) and ||e+|| <= factor ||e|| (strict iff e != 0)."""
+    def check(case, impl, prec) -> Measurement:
+        eta, eps = case["eta"], case["eps"]
+        with mpla.exact():
+            S, k, v = _mp_token(case)
+            nk2 = mpla.dot(k, k)
+            e = v - S.T * k
+            e_plus = v - impl["kla_step_mp"](S, k, v, eta, eps).T * k
+            factor = 1 - mpf(eta) * nk2 / (nk2 + mpf(eps))
+            ne, nplus = mpla.fro(e), mpla.fro(e_plus)
+            if form == "printed":
+                strict = Measurement(float(nplus >= ne), 0.0, f"||e+|| < ||e|| (||e|| = {mpmath.nstr(ne, 3)})")
+                return worst([Measurement(float(factor >= 1), 0.0, f"factor = {mpmath.nstr(factor, 3)} < 1"), exact_inequality(0, factor, "factor >= 0"),
+                              strict])
+            if nk2 == 0:
+                return Measurement(0.0, 1.0, "k = 0: nothing is written (outside the corrected statement)")
+            return worst([Measurement(float(factor >= 1), 0.0, f"factor = {mpmath.nstr(factor, 3)} < 1"), exact_inequality(0, factor, "factor >= 0"),
+                          exact_inequality(nplus, factor * ne, "||e+|| <= factor ||e||")])
+    return check
+
+
+def _edge_token_cases():
+    """_token_cases plus zero keys and zero residuals (v = S~^T k), the edges of Prop. 2's range."""
+    @st.composite
+    def build(draw):
+        case = dict(draw(_token_cases()))
+        if draw(st.booleans()):
+            case["k"] = tuple(0.0 for _ in case["k"])
+            case["eps"] = draw(st.sampled_from((2.0**-10, 0.25)))
+        return case
+    return build()
+
+
+_PROP2_EXAMPLE = {"S": ((0.0,),), "k": (0.0,), "v": (1.0,), "eta": 0.5, "eps": 2.0**-10}
+register(
+    kla(id="kla.prop2.printed", source="KLA Sec. 3.2, Proposition 2; App. A.4",
+        statement="For eta in (0, 1] and eps >= 0 the factor 1 - eta ||k||^2/(||k||^2 + eps) lies in [0, 1), so the residual "
+                  "contracts strictly: ||e_t^+|| < ||e_t||.",
+        quantity="mp: the factor against [0, 1) and ||e+|| < ||e|| (value 1 if not strict, held to 0), zero keys included.",
+        strategy=_edge_token_cases, check=_prop2_printed_range("printed"), expected=FAILS, twin="kla.prop2.range",
+        examples=(_PROP2_EXAMPLE,),
+        note="k_t = 0 with eps > 0 gives factor 1; e_t = 0 gives ||e+|| = ||e|| = 0."),
+    kla(id="kla.prop2.range", source="KLA Sec. 3.2, Proposition 2; App. A.4 (corrected range)",
+        statement="For k_t != 0 the factor lies in [0, 1) and ||e_t^+|| <= factor ||e_t|| (strict iff e_t != 0).",
+        quantity="mp: the factor's range and ||e+|| <= factor ||e||, held to 1e-30.",
+        strategy=_edge_token_cases, check=_prop2_printed_range("corrected"), form=CORRECTED, twin="kla.prop2.printed"),
+)
 
 
 def _check_prop2(case, impl, prec) -> Measurement:
