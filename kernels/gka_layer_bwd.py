@@ -70,15 +70,17 @@ def _carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Ten
     return out
 
 
-def implicit_backward(*, K, G, beta, X, dQ, fro, S, a, V=None, dY=None, R=None):
+def implicit_backward(*, K, G, beta, X, dQ, fro, S, a, V=None, dY=None, R=None, absolute: bool = False):
     """dk, dv, dbeta and the per-token dG of the module docstring, all chunked.
 
     K, X, dQ ``(N, NC, C, D)``; G, fro, beta ``(N, NC, C)`` (beta may be None); S ``(N, NC, D, D)``
     chunk-start states; for the layer also V, dY ``(N, NC, C, Dv)`` and R ``(N, NC, Dv, D)``
     (None for the solve stage alone, whose cotangent is dX directly). Padding tokens must have
     k = v = 0, dQ = dY = 0 and a finite fro > 0. Returns ``(dk, dv, dbeta, dG)`` (dv None
-    without V).
+    without V). ``absolute=True`` (with entrywise absolute values as inputs) adds every term
+    instead of subtracting: the sums of the terms' magnitudes, which rounding bounds scale with.
     """
+    sgn = 1.0 if absolute else -1.0
     M, _, zeta = _decays(G)
     w = 2.0 * a * (X * dQ).sum(-1) / fro  # Lemma 1
     bK = K if beta is None else beta.unsqueeze(-1) * K
@@ -91,13 +93,13 @@ def implicit_backward(*, K, G, beta, X, dQ, fro, S, a, V=None, dY=None, R=None):
     s = (zeta * zeta * w).sum(-1)
     coef = b if beta is None else beta * b
     wH_sum = s[..., None, None] * S + K.transpose(-1, -2) @ (coef.unsqueeze(-1) * K)
-    dH_sum = -(dQ * zeta.unsqueeze(-1)).transpose(-1, -2) @ X - 0.5 * wH_sum  # sum_c zeta_c dH_c
+    dH_sum = sgn * ((dQ * zeta.unsqueeze(-1)).transpose(-1, -2) @ X + 0.5 * wH_sum)  # sum_c zeta_c dH_c
     P_end = _carry_backwards(dH_sum, decay_last)
-    Pk = -KX @ dQ - 0.5 * wH_k + e.unsqueeze(-1) * (K @ P_end.transpose(-1, -2))
-    PTk = -(M * (K @ dQ.transpose(-1, -2))) @ X - 0.5 * wH_k + e.unsqueeze(-1) * (K @ P_end)
+    Pk = sgn * (KX @ dQ + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end.transpose(-1, -2))
+    PTk = sgn * ((M * (K @ dQ.transpose(-1, -2))) @ X + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end)
     kPk = (K * Pk).sum(-1)
     HX = state_products(X, K, K, G, beta, S)
-    own = -(dQ * HX).sum(-1) - 0.5 * w * fro * fro
+    own = sgn * ((dQ * HX).sum(-1) + 0.5 * w * fro * fro)
     dk_sum = Pk + PTk
     dv = None
     vQk = torch.zeros_like(kPk)
@@ -112,8 +114,28 @@ def implicit_backward(*, K, G, beta, X, dQ, fro, S, a, V=None, dY=None, R=None):
         own = own + (dY * state_products(X, K, V, G, beta, R)).sum(-1)
     dbeta = kPk + vQk
     dk = dk_sum if beta is None else beta.unsqueeze(-1) * dk_sum
-    dG = own - (dbeta if beta is None else beta * dbeta)
+    dG = own + sgn * (dbeta if beta is None else beta * dbeta)
     return dk, dv, dbeta, dG
+
+
+def chunk_states_reference(K, G, beta, V=None):
+    """The chunk-start states ``H`` (and ``U`` with V) of (CH) in the inputs' dtype, ``(N, NC, D, D)``,
+    by ``S <- zeta_C S + K^T diag(exp(G_C - G_j) beta_j) K`` (what ``states_kernel`` computes)."""
+    N, NC = K.shape[:2]
+    coef = torch.exp(G[..., -1:] - G)
+    if beta is not None:
+        coef = coef * beta
+    H = torch.zeros(N, K.shape[-1], K.shape[-1], dtype=K.dtype, device=K.device)
+    U = None if V is None else torch.zeros(N, V.shape[-1], K.shape[-1], dtype=K.dtype, device=K.device)
+    Hs, Us = [], []
+    for n in range(NC):
+        Hs.append(H)
+        Us.append(U)
+        Kc = coef[:, n].unsqueeze(-1) * K[:, n]
+        H = torch.exp(G[:, n, -1])[:, None, None] * H + K[:, n].transpose(-1, -2) @ Kc
+        if V is not None:
+            U = torch.exp(G[:, n, -1])[:, None, None] * U + V[:, n].transpose(-1, -2) @ Kc
+    return torch.stack(Hs, 1), (None if V is None else torch.stack(Us, 1))
 
 
 def reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
