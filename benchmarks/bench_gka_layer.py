@@ -38,6 +38,7 @@ def _pct(xs, p):
 
 def timed(fn, reps=REPS, warm=3):
     """GPU (profiler kernel sum) and wall times of ``fn()`` in ms: median, p10, p90."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warm):
@@ -54,7 +55,7 @@ def timed(fn, reps=REPS, warm=3):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        total = sum(e.device_time_total for e in prof.key_averages())  # us, kernels and copies
+        total = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
         gpus.append(total / 1e3)
     stat = lambda xs: {"median": statistics.median(xs), "p10": _pct(xs, 0.1), "p90": _pct(xs, 0.9)}  # noqa: E731
     return {"gpu_ms": stat(gpus), "wall_ms": stat(walls)}
