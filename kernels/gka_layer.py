@@ -41,12 +41,15 @@ from .gka_layer_fwd import solve_kernel, states_kernel
 from .kla import PRECISIONS
 
 CONTRACTS = {"bfloat16/operands": "bf16", "float32/ieee": "ieee", "float32/tf32x3": "tf32x3"}
-CHUNK_SIZES = (16, 32, 64)
+CHUNK_SIZES = (16, 32, 64)  # None: DEFAULT_CHUNK of the contract
 # lambda_t = a ||H_t||_F takes the square root of eq. (5); tests switch it off to show they
 # catch "lambda without the square root".
 _FRO_SQRT = True
-# Launch shapes, chosen on the H200 (benchmarks/bench_gka_layer.py --tune).
-SOLVE_LAUNCH = {"num_warps": 8, "num_stages": 1}
+# Launch shapes, chosen on the H200 (benchmarks/bench_gka_layer.py --tune); FUSED selects the
+# solve loop with one accumulating product and q re-read per step (same arithmetic model).
+SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1, "FUSED": True}
+# Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
+DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
 
 
@@ -254,12 +257,14 @@ class _GKAFunction(torch.autograd.Function):
 
 
 def _config(a, iters, chunk_size, contract, dtype, x_dtype):
-    return {"a": check.ridge_strength(a), "iters": check.count("iters", iters), "chunk_size": chunk_size,
-            "contract": resolve_contract(contract, dtype), "x_dtype": x_dtype}
+    contract = resolve_contract(contract, dtype)
+    return {"a": check.ridge_strength(a), "iters": check.count("iters", iters),
+            "chunk_size": DEFAULT_CHUNK[contract] if chunk_size is None else chunk_size,
+            "contract": contract, "x_dtype": x_dtype}
 
 
 def gka_layer(q, k, v, g=None, beta=None, *, a: float, solver: str = "chebyshev", iters: int,
-              chunk_size: int = 64, contract: Optional[str] = None, bf16_mode: str = "storage",
+              chunk_size: Optional[int] = None, contract: Optional[str] = None, bf16_mode: str = "storage",
               return_info: bool = False):
     """GKA layer output ``y_t = U_t x_t`` (eq. (CH), eq. (55)) with r Chebyshev steps per token.
 
@@ -269,7 +274,8 @@ def gka_layer(q, k, v, g=None, beta=None, *, a: float, solver: str = "chebyshev"
 
     Args as ``solvers.gka_layer`` (q, k ``(..., T, D)``, v ``(..., T, Dv)``, g, beta ``(..., T)`` or
     None; float32 or bfloat16 on a CUDA device, D, Dv <= 128), with ``solver="chebyshev"`` only
-    and ``iters`` required; ``chunk_size`` in (16, 32, 64); ``bf16_mode`` must be ``"storage"``
+    and ``iters`` required; ``chunk_size`` in (16, 32, 64) or None (``DEFAULT_CHUNK`` of the
+    contract: at D = 128 float32 operands need the smaller chunks); ``bf16_mode`` must be ``"storage"``
     (the kernel rounds only stored values and product operands).
     Returns y in q's dtype, or ``(y, GKAKernelInfo)``. Differentiable in q, k, v, g, beta by the
     implicit backward. Raises ValueError if some ``H_t = 0``.
@@ -291,7 +297,7 @@ def gka_layer(q, k, v, g=None, beta=None, *, a: float, solver: str = "chebyshev"
                             solver=solver, iters=cfg["iters"])
 
 
-def gka_solve(q, k, g=None, beta=None, *, a: float, iters: int, chunk_size: int = 64,
+def gka_solve(q, k, g=None, beta=None, *, a: float, iters: int, chunk_size: Optional[int] = None,
               contract: Optional[str] = None, out_dtype=None, return_fro: bool = False):
     """The solve stage alone: ``x_t`` = r Chebyshev steps on ``(H_t + a ||H_t||_F I) x_t = q_t`` for
     every token (chunk states, eq. (5), Algorithm 1), H_t never formed.

@@ -35,8 +35,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._matvec import stored
-from .kla import mm
+from ._matvec import INTERPRETED, stored
+from .kla import BF16, mm, operand
+
+
+@triton.jit
+def mm_acc(a, b, acc, PREC: tl.constexpr):
+    """``acc + a @ b``: on the GPU in the bf16 model one tensor-core product accumulating into
+    acc (fewer registers and adds than a separate product and sum); otherwise ``kla.mm``."""
+    if PREC == BF16 and not INTERPRETED:
+        c = tl.dot(operand(a, PREC), operand(b, PREC), acc=acc)
+    else:
+        c = acc + mm(a, b, PREC)
+    return c
 
 
 @triton.jit
@@ -87,6 +98,7 @@ def solve_kernel(
     a, step_scale, rho2,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, C: tl.constexpr,
     HAS_B: tl.constexpr, HAS_Y: tl.constexpr, STORE_X: tl.constexpr, PREC: tl.constexpr, SQRT: tl.constexpr,
+    FUSED: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
     i_c = tl.program_id(1).to(tl.int64)
@@ -136,7 +148,13 @@ def solve_kernel(
     for _ in range(iters):
         b_w = 4.0 / (4.0 - rho2 * b_w)
         b_A = mm(b_X, tl.trans(b_K), PREC) * b_Mb  # [c, j] = Mt[c, j] x_c . k_j
-        b_HX = b_zeta[:, None] * mm(b_X, b_S, PREC) + mm(b_A, b_K, PREC)
+        if FUSED:
+            # (zeta . X) S accumulated onto (Mt . X K^T) K in one product; q re-read (L1/L2)
+            # instead of held in registers
+            b_HX = mm_acc(b_zeta[:, None] * b_X, b_S, mm(b_A, b_K, PREC), PREC)
+            b_Q = tl.load(p_q + row[:, None] * D + o_d[None, :], mask=m_row, other=0.0).to(tl.float32)
+        else:
+            b_HX = b_zeta[:, None] * mm(b_X, b_S, PREC) + mm(b_A, b_K, PREC)
         b_grad = b_HX + b_lam[:, None] * b_X - b_Q
         b_Xn = b_X - (b_w * b_step)[:, None] * b_grad + (b_w - 1.0) * (b_X - b_Xp)
         b_Xp = b_X
