@@ -403,6 +403,10 @@ def test_bad_inputs_name_the_argument():
         kernels.gka_layer(x["q"], x["k"], x["v"], torch.ones(2, 40, device=DEVICE), a=0.1, iters=3)
     with pytest.raises(TypeError, match="q"):
         kernels.gka_layer(x["q"].double(), x["k"], x["v"], a=0.1, iters=3)
+    bad = x["k"].clone()
+    bad[0, 3, 1] = float("nan")
+    with pytest.raises(ValueError, match="k"):
+        kernels.gka_layer(x["q"], bad, x["v"], a=0.1, iters=3)
     z = torch.zeros_like(x["k"])
     with pytest.raises(ValueError, match="H_t = 0"):
         kernels.gka_layer(x["q"], z, x["v"], a=0.1, iters=3)
