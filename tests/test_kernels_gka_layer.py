@@ -34,6 +34,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as hst
 from kernel_support import DEVICE, needs_triton_device
 
 import kernels
@@ -185,6 +187,14 @@ def test_forward_within_bound(gates, contract):
 def test_forward_shapes_partial_chunks_and_dv(C, T, D, Dv):
     x = make_case(2, T=T, D=D, Dv=Dv, N=1, gates=True)
     assert forward_excess(x, C=C, iters=6) <= 1.0  # FWD
+
+
+@given(T=hst.integers(1, 50), D=hst.integers(1, 17), Dv=hst.integers(1, 9), C=hst.sampled_from([16, 32]),
+       gates=hst.booleans(), strong=hst.booleans(), seed=hst.integers(0, 2**16))
+def test_forward_within_bound_drawn(T, D, Dv, C, gates, strong, seed):
+    # T below, at and past chunk boundaries, odd D and Dv (masked blocks), weak and strong gates
+    x = make_case(seed, N=1, T=T, D=D, Dv=Dv, gates=gates, strong=strong)
+    assert forward_excess(x, C=C, iters=5) <= 1.0  # FWD
 
 
 def test_forward_strong_gates():
