@@ -10,8 +10,10 @@ from .chebyshev import chebyshev
 from .chebyshev_adaptive import chebyshev_adaptive
 from .chebyshev_backward import chebyshev_backward, chebyshev_solve
 from .gka_chunk import chunkwise_frobenius
+from .gka_layer import gka_layer, gka_solve
 from .gradient import agd, gd
 from .kla import kla_chunkwise
 from .koopman import koopman_readout
 
-__all__ = ["DeferredChecks", "agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise", "koopman_readout"]
+__all__ = ["DeferredChecks", "agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve",
+           "chunkwise_frobenius", "gd", "gka_layer", "gka_solve", "kla_chunkwise", "koopman_readout"]
