@@ -39,6 +39,7 @@ from typing import Optional
 
 from . import verification
 from .figures import FIGURES
+from .verification import topline
 from .verification.row import VerificationRow, within
 
 DEFAULT_OUT = pathlib.Path("reports")
@@ -194,7 +195,9 @@ def write_verification(rows: list, failures: list, out_dir: pathlib.Path) -> lis
         for r, d in zip(rows, trows):
             w.writerow({**d, "notes": r.notes})
     json_path = out_dir / "verification.json"
-    payload = {"allowance_c": ALLOWANCE_C,
+    from .provenance import provenance
+
+    payload = {"provenance": provenance(), "allowance_c": ALLOWANCE_C,
                "rows": [{**r.as_dict(), "verdict": d["verdict"], "rounding_ratio": d["rounding_ratio"]}
                         for r, d in zip(rows, trows)],
                "family_failures": [{"family": n, "error": e} for n, e, _ in failures]}
@@ -360,13 +363,25 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def provenance_line(prov: dict) -> str:
+    return (f"Produced by commit {prov['commit']} on {prov['device']} (Python {prov['python']}, torch {prov['torch']}, "
+            f"Triton {prov['triton']}), {prov['date']}.")
+
+
 def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome], timings) -> pathlib.Path:
+    """``<out>/report.md`` (top-line verdict and provenance first, then the detail) and
+    ``<out>/report.json`` (the same top line and provenance, machine-readable)."""
     from .precision import ALLOWANCE_C
+    from .provenance import provenance
 
     out = args.out
-    lines = ["# Verification report", "",
-             f"Mode: {'quick' if args.quick else 'full'}; rounding allowance constant c = {ALLOWANCE_C:g} "
-             "([docs/precision.md](../docs/precision.md)).", "",
+    prov = provenance()
+    counts = topline.row_counts([verdict(r) for r in rows])
+    claim_counts = None if claims is None else topline.claim_counts(claims.rows)
+    fig_counts = {"written": sum(not e for _, _, e in figures), "failed": sum(bool(e) for _, _, e in figures)}
+    lines = ["# Verification report", "", *topline.markdown(counts, claim_counts, fig_counts, len(failures)), "",
+             provenance_line(prov) + f" Mode: {'quick' if args.quick else 'full'}; rounding allowance constant "
+             f"c = {ALLOWANCE_C:g} ([docs/precision.md](../docs/precision.md)).", "",
              "## Summary per solver and precision", "", summary_table(rows),
              "Full table: [verification/verification.md](verification/verification.md) "
              "([csv](verification/verification.csv), [json](verification/verification.json)).", ""]
@@ -385,6 +400,11 @@ def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome],
     lines += ["", "## Timings", ""] + [f"* {k}: {v:.1f} s" for k, v in timings.items()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
+    summary = {"provenance": prov, "mode": "quick" if args.quick else "full", "allowance_c": ALLOWANCE_C,
+               "verification": counts, "family_failures": [n for n, _, _ in failures], "claims": claim_counts,
+               "figures": {**fig_counts, "failed_names": [m.NAME for m, _, e in figures if e]},
+               "timings_s": {k: round(v, 2) for k, v in timings.items()}}
+    (out / "report.json").write_text(json.dumps(summary, indent=1))
     return path
 
 
@@ -496,6 +516,7 @@ def main(argv: Optional[list] = None) -> int:
     path = write_report(args, rows, failures, figures, claims, timings)
     progress.done(f"report -> {path}")
     print(summary_table(rows))
+    print(path.read_text().split("\n## Summary")[0].replace("**", "").strip())  # the top line and provenance
     print(f"report: {path}")
     bad = (any(verdict(r).startswith("FAILS") for r in rows) or failures or any(e for _, _, e in figures)
            or (claims is not None and claims.mismatches))
