@@ -415,30 +415,69 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--quick", dest="quick", action="store_true", default=d(None),
-                   help="small problems, a few seconds per family (default without a GPU)")
+                   help="small problems, seconds per family (default on a machine without a CUDA GPU)")
     g.add_argument("--full", dest="quick", action="store_false", default=d(None),
-                   help="the full problem sets (default with a GPU)")
+                   help="the full problem sets, paper-scale figures (default with a CUDA GPU)")
     parser.add_argument("--recompute", action="store_true", default=d(False),
-                        help="ignore cached ground truth and figure data")
+                        help="ignore cached ground truth and figure data and compute them again (default: use the cache)")
     parser.add_argument("--out", type=pathlib.Path, default=d(DEFAULT_OUT), metavar="DIR",
-                        help=f"output folder (default: {DEFAULT_OUT})")
+                        help=f"output folder, created if missing (default: {DEFAULT_OUT})")
+
+
+DESCRIPTION = """\
+The toolkit's main job: the verification table (every solver in every precision against
+mpmath ground truth), the figures (paper vs ours), the claim catalogue and the report that
+gathers them. Without a COMMAND it runs `report`."""
+
+EPILOG = """\
+examples:
+  %(prog)s report --quick          everything at small sizes -> reports/report.md
+  %(prog)s verify --out /tmp/r     the verification table only
+  %(prog)s gka_omega               one figure (PNG, SVG, CSV, JSON) -> reports/figures/
+  %(prog)s claims --paper gka      the claim table of one paper (claims --help: its options)
+
+exit status: 0 all held / matched the record, 1 a row failed, a figure or family could not
+run or a claim's verdict changed, 2 usage error."""
+
+SUBCOMMANDS = {
+    "verify": ("the verification table (every solver x precision vs mpmath)",
+               "Run every solver family of the verification table in every precision against mpmath ground "
+               "truth; print the table and save it as CSV, JSON and markdown under DIR/verification/. "
+               "Exit 1 if a row fails its bound."),
+    "report": ("verify + every figure + claims -> DIR/report.md (default)",
+               "The verification table, every figure and every claim, gathered in DIR/report.md "
+               "(top-line verdict and provenance first, then the detail) and DIR/report.json."),
+    "allowance": ("the survey behind the rounding allowance's constant c",
+                  "Measure rounding / (kappa (n u_acc + u_store)) over problem families and precisions: the "
+                  "survey that justifies the allowance constant c; writes DIR/allowance.md."),
+}
+
+
+def prog_name() -> str:
+    """``svt`` when run through the installed command, else ``python -m analysis``."""
+    return "svt" if pathlib.Path(sys.argv[0]).name == "svt" else "python -m analysis"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0],
+    from . import __version__
+
+    prog = prog_name()
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _common(p, suppress=False)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_ in (("verify", "the verification table (every solver x precision vs mpmath)"),
-                        ("report", "verify + every figure + claims -> <out>/report.md (default)"),
-                        ("allowance", "the survey behind the rounding allowance's constant c")):
-        _common(sub.add_parser(name, help=help_), suppress=True)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, (help_, description) in SUBCOMMANDS.items():
+        _common(sub.add_parser(name, help=help_, description=description), suppress=True)
     # no -h of its own: --help and every other argument pass through to proofs_check.runner
     c = sub.add_parser("claims", add_help=False, help="the claim catalogue (proofs_check.runner); its arguments "
-                       "pass through (python -m analysis claims --help lists them)")
+                       f"pass through ({prog} claims --help lists them)")
     _common(c, suppress=True)
     for module in figure_modules():
-        _common(sub.add_parser(module.NAME, help=module.HELP), suppress=True)
+        description = (f"{module.HELP}. Writes {module.NAME}.png/.svg (plot), .csv (measured series) and .json "
+                       f"(parameters, summary, provenance) into DIR/figures/; the computed data is cached in "
+                       f"DIR/figures/_cache/ and reused while the code and parameters are unchanged.")
+        _common(sub.add_parser(module.NAME, help=module.HELP, description=description), suppress=True)
     return p
 
 

@@ -238,3 +238,26 @@ def test_failing_claims_are_counted_by_severity_when_the_catalogue_has_them(monk
     assert counts["failing_claims"] == 2 and list(counts["failing_by_severity"].items()) == [("numerical", 1), ("wording", 1)]
     monkeypatch.setattr(topline, "severity_lookup", lambda: None)  # a catalogue without severities
     assert topline.claim_counts(rows)["failing_by_severity"] == {"unrated": 2}
+
+
+def test_version_and_subcommand_help_with_defaults(capsys):
+    import analysis
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip().endswith(analysis.__version__)
+    for command in ("verify", "report", "allowance", "gka_omega"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = capsys.readouterr().out
+        flat = " ".join(out.split())  # argparse wraps to the terminal's width
+        assert "(default: reports)" in flat and "(default on a machine without a CUDA GPU)" in flat
+        description = out.split("\n\n")[1]  # the paragraph after the usage line
+        assert not description.startswith("options") and description.rstrip().endswith(".")
+
+
+def test_status_prints_its_name():
+    from solvers import Status
+
+    assert str(Status.CONVERGED) == "CONVERGED" and f"{Status.DIVERGED:>10}" == "  DIVERGED"
+    assert int(Status.CONVERGED) == 1 and Status.NONFINITE > Status.BREAKDOWN  # codes and order unchanged
