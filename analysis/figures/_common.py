@@ -24,13 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-import matplotlib
+import torch
 
 from analysis import provenance as _prov
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import torch  # noqa: E402
 
 FIGURE_DPI = 130
 GALLERY_DPI = 100
@@ -160,8 +156,22 @@ def tolist(t: torch.Tensor) -> list:
 # Plot helpers
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported when a figure is drawn: the CLI
+    imports every figure module for its --help, and matplotlib is an optional extra."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("drawing figures needs matplotlib: pip install 'solver-verification-toolkit[figures]' "
+                          "(or pip install matplotlib)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def subplots(ncols: int, nrows: int = 1, *, width: float = 4.6, height: float = 3.6):
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    fig, axes = pyplot().subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
     return fig, axes
 
 
@@ -253,7 +263,7 @@ def save_figure(fig, out_dir: pathlib.Path, name: str, suptitle: str = "", *, le
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
     fig.savefig(png, dpi=FIGURE_DPI)
     fig.savefig(svg)
-    plt.close(fig)
+    pyplot().close(fig)
     return [png, svg]
 
 
