@@ -110,7 +110,8 @@ def _annotate_amplification(ax, cells: list) -> None:
     if rso and rso[-1]["xi0_error"] > 0:
         last = rso[-1]
         ax.annotate("reversal amplifies\nrounding: xi_0 error\n~ u_acc A_r", xy=(last["iters"], last["xi0_error"]),
-                    xytext=(0.04, 0.62), textcoords="axes fraction", fontsize=7,
+                    xytext=(0.03, 0.97), textcoords="axes fraction", fontsize=7, va="top",
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1},
                     arrowprops={"arrowstyle": "->", "color": "black", "lw": 0.8})
 
 
