@@ -120,7 +120,7 @@ def compute(params: dict) -> dict:
             readout.setdefault(arith.label, []).append({"eps": eps, "max_error": float(err.max()),
                                                         "median_error": float(err.median()), "kappa_G": kappa,
                                                         "allowance": rounding_allowance(kappa, params["r"], arith),
-                                                        "status": int(info.status)})
+                                                        "status": info.status.name})
     return {"gains": gains, "nonnormality": nonnormal, "normalisation": normalisation, "readout": readout}
 
 
