@@ -219,7 +219,7 @@ def test_report_starts_with_the_top_line_and_provenance(tmp_path, fake_family, f
     report = (tmp_path / "report.md").read_text()
     top = report.split("## Summary")[0]
     assert "**Verification: 1 of 3 rows hold, 1 fail, 1 inconclusive**" in top
-    assert "**Claims: 1 runs of 1 claims: 1 holds.**" in top
+    assert "**Claims: 1 runs of 1 claims: 1 hold.**" in top
     assert "Produced by commit" in top and "torch" in top and "Triton" in top
     summary = json.loads((tmp_path / "report.json").read_text())
     assert summary["verification"] == {"rows": 3, "held": 1, "failed": 1, "inconclusive": 1}
@@ -231,13 +231,20 @@ def test_failing_claims_are_counted_by_severity_when_the_catalogue_has_them(monk
     from analysis.verification import topline
 
     rows = [{"claim": "a", "verdict": "fails", "matches": True}, {"claim": "b", "verdict": "fails", "matches": True},
-            {"claim": "b", "verdict": "fails", "matches": True}, {"claim": "c", "verdict": "holds", "matches": True}]
+            {"claim": "b", "verdict": "fails", "matches": True}, {"claim": "c", "verdict": "holds", "matches": True},
+            {"claim": "d", "verdict": "fails", "matches": True, "form": "extension"}]
     monkeypatch.setattr(topline, "severity_lookup", lambda: {"a": "numerical", "b": "wording"}.get)
     monkeypatch.setattr(topline, "severity_order", lambda: ("substantive", "numerical", "wording"))
     counts = topline.claim_counts(rows)
     assert counts["failing_claims"] == 2 and list(counts["failing_by_severity"].items()) == [("numerical", 1), ("wording", 1)]
+    assert counts["failing_other"] == 1  # a refuted extension is no printed statement
+    rows_counts = {"rows": 1, "held": 1, "failed": 0, "inconclusive": 0}
+    top = " ".join(topline.markdown(rows_counts, counts, {"written": 0, "failed": 0}, 0))
+    assert "**2 printed statements fail** (1 numerical, 1 wording); 1 other claims" in top
     monkeypatch.setattr(topline, "severity_lookup", lambda: None)  # a catalogue without severities
-    assert topline.claim_counts(rows)["failing_by_severity"] == {"unrated": 2}
+    counts = topline.claim_counts(rows)
+    assert counts["failing_by_severity"] == {"unrated": 2}
+    assert "(the catalogue records no severities)" in " ".join(topline.markdown(rows_counts, counts, {"written": 0, "failed": 0}, 0))
 
 
 def test_version_and_subcommand_help_with_defaults(capsys):
