@@ -39,6 +39,7 @@ from typing import Optional
 
 from . import verification
 from .figures import FIGURES
+from .verification import topline
 from .verification.row import VerificationRow, within
 
 DEFAULT_OUT = pathlib.Path("reports")
@@ -194,7 +195,9 @@ def write_verification(rows: list, failures: list, out_dir: pathlib.Path) -> lis
         for r, d in zip(rows, trows):
             w.writerow({**d, "notes": r.notes})
     json_path = out_dir / "verification.json"
-    payload = {"allowance_c": ALLOWANCE_C,
+    from .provenance import provenance
+
+    payload = {"provenance": provenance(), "allowance_c": ALLOWANCE_C,
                "rows": [{**r.as_dict(), "verdict": d["verdict"], "rounding_ratio": d["rounding_ratio"]}
                         for r, d in zip(rows, trows)],
                "family_failures": [{"family": n, "error": e} for n, e, _ in failures]}
@@ -360,13 +363,25 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def provenance_line(prov: dict) -> str:
+    return (f"Produced by commit {prov['commit']} on {prov['device']} (Python {prov['python']}, torch {prov['torch']}, "
+            f"Triton {prov['triton']}), {prov['date']}.")
+
+
 def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome], timings) -> pathlib.Path:
+    """``<out>/report.md`` (top-line verdict and provenance first, then the detail) and
+    ``<out>/report.json`` (the same top line and provenance, machine-readable)."""
     from .precision import ALLOWANCE_C
+    from .provenance import provenance
 
     out = args.out
-    lines = ["# Verification report", "",
-             f"Mode: {'quick' if args.quick else 'full'}; rounding allowance constant c = {ALLOWANCE_C:g} "
-             "([docs/precision.md](../docs/precision.md)).", "",
+    prov = provenance()
+    counts = topline.row_counts([verdict(r) for r in rows])
+    claim_counts = None if claims is None else topline.claim_counts(claims.rows)
+    fig_counts = {"written": sum(not e for _, _, e in figures), "failed": sum(bool(e) for _, _, e in figures)}
+    lines = ["# Verification report", "", *topline.markdown(counts, claim_counts, fig_counts, len(failures)), "",
+             provenance_line(prov) + f" Mode: {'quick' if args.quick else 'full'}; rounding allowance constant "
+             f"c = {ALLOWANCE_C:g} ([docs/precision.md](../docs/precision.md)).", "",
              "## Summary per solver and precision", "", summary_table(rows),
              "Full table: [verification/verification.md](verification/verification.md) "
              "([csv](verification/verification.csv), [json](verification/verification.json)).", ""]
@@ -385,6 +400,11 @@ def write_report(args, rows, failures, figures, claims: Optional[ClaimsOutcome],
     lines += ["", "## Timings", ""] + [f"* {k}: {v:.1f} s" for k, v in timings.items()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
+    summary = {"provenance": prov, "mode": "quick" if args.quick else "full", "allowance_c": ALLOWANCE_C,
+               "verification": counts, "family_failures": [n for n, _, _ in failures], "claims": claim_counts,
+               "figures": {**fig_counts, "failed_names": [m.NAME for m, _, e in figures if e]},
+               "timings_s": {k: round(v, 2) for k, v in timings.items()}}
+    (out / "report.json").write_text(json.dumps(summary, indent=1))
     return path
 
 
@@ -395,30 +415,69 @@ def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
     d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--quick", dest="quick", action="store_true", default=d(None),
-                   help="small problems, a few seconds per family (default without a GPU)")
+                   help="small problems, seconds per family (default on a machine without a CUDA GPU)")
     g.add_argument("--full", dest="quick", action="store_false", default=d(None),
-                   help="the full problem sets (default with a GPU)")
+                   help="the full problem sets, paper-scale figures (default with a CUDA GPU)")
     parser.add_argument("--recompute", action="store_true", default=d(False),
-                        help="ignore cached ground truth and figure data")
+                        help="ignore cached ground truth and figure data and compute them again (default: use the cache)")
     parser.add_argument("--out", type=pathlib.Path, default=d(DEFAULT_OUT), metavar="DIR",
-                        help=f"output folder (default: {DEFAULT_OUT})")
+                        help=f"output folder, created if missing (default: {DEFAULT_OUT})")
+
+
+DESCRIPTION = """\
+The toolkit's main job: the verification table (every solver in every precision against
+mpmath ground truth), the figures (paper vs ours), the claim catalogue and the report that
+gathers them. Without a COMMAND it runs `report`."""
+
+EPILOG = """\
+examples:
+  %(prog)s report --quick          everything at small sizes -> reports/report.md
+  %(prog)s verify --out /tmp/r     the verification table only
+  %(prog)s gka_omega               one figure (PNG, SVG, CSV, JSON) -> reports/figures/
+  %(prog)s claims --paper gka      the claim table of one paper (claims --help: its options)
+
+exit status: 0 all held / matched the record, 1 a row failed, a figure or family could not
+run or a claim's verdict changed, 2 usage error."""
+
+SUBCOMMANDS = {
+    "verify": ("the verification table (every solver x precision vs mpmath)",
+               "Run every solver family of the verification table in every precision against mpmath ground "
+               "truth; print the table and save it as CSV, JSON and markdown under DIR/verification/. "
+               "Exit 1 if a row fails its bound."),
+    "report": ("verify + every figure + claims -> DIR/report.md (default)",
+               "The verification table, every figure and every claim, gathered in DIR/report.md "
+               "(top-line verdict and provenance first, then the detail) and DIR/report.json."),
+    "allowance": ("the survey behind the rounding allowance's constant c",
+                  "Measure rounding / (kappa (n u_acc + u_store)) over problem families and precisions: the "
+                  "survey that justifies the allowance constant c; writes DIR/allowance.md."),
+}
+
+
+def prog_name() -> str:
+    """``svt`` when run through the installed command, else ``python -m analysis``."""
+    return "svt" if pathlib.Path(sys.argv[0]).name == "svt" else "python -m analysis"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0],
+    from . import __version__
+
+    prog = prog_name()
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _common(p, suppress=False)
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, help_ in (("verify", "the verification table (every solver x precision vs mpmath)"),
-                        ("report", "verify + every figure + claims -> <out>/report.md (default)"),
-                        ("allowance", "the survey behind the rounding allowance's constant c")):
-        _common(sub.add_parser(name, help=help_), suppress=True)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, (help_, description) in SUBCOMMANDS.items():
+        _common(sub.add_parser(name, help=help_, description=description), suppress=True)
     # no -h of its own: --help and every other argument pass through to proofs_check.runner
     c = sub.add_parser("claims", add_help=False, help="the claim catalogue (proofs_check.runner); its arguments "
-                       "pass through (python -m analysis claims --help lists them)")
+                       f"pass through ({prog} claims --help lists them)")
     _common(c, suppress=True)
     for module in figure_modules():
-        _common(sub.add_parser(module.NAME, help=module.HELP), suppress=True)
+        description = (f"{module.HELP}. Writes {module.NAME}.png/.svg (plot), .csv (measured series) and .json "
+                       f"(parameters, summary, provenance) into DIR/figures/; the computed data is cached in "
+                       f"DIR/figures/_cache/ and reused while the code and parameters are unchanged.")
+        _common(sub.add_parser(module.NAME, help=module.HELP, description=description), suppress=True)
     return p
 
 
@@ -496,6 +555,7 @@ def main(argv: Optional[list] = None) -> int:
     path = write_report(args, rows, failures, figures, claims, timings)
     progress.done(f"report -> {path}")
     print(summary_table(rows))
+    print(path.read_text().split("\n## Summary")[0].replace("**", "").strip())  # the top line and provenance
     print(f"report: {path}")
     bad = (any(verdict(r).startswith("FAILS") for r in rows) or failures or any(e for _, _, e in figures)
            or (claims is not None and claims.mismatches))

@@ -29,7 +29,8 @@ Cost (gmpy backend, one core): a mp matvec is ~0.03 ms at D=8, ~0.07 ms at D=12,
 D=32 (~7 ms at D=128); Cholesky ~1 ms, ~2 ms, ~13 ms (~1 s at D=128); the symmetric
 eigenvalues (``mpmath.eigsy``) ~20 ms, ~45 ms, ~0.26 s. A 100-iteration replay of one D=12
 system takes ~10 ms. Results are cached on disk, one file per system, under
-``.cache/ground_truth/`` (``SVT_CACHE_DIR`` overrides the folder), keyed by a hash of the
+``ground_truth/`` in the user cache directory (:func:`cache_root`; ``SVT_CACHE_DIR`` overrides
+it), keyed by a hash of the
 stored bytes, the method, the constants, the iteration count, dps and the source of the code
 that computes the cached values;
 ``SVT_NO_CACHE=1`` disables the cache, ``SVT_RECOMPUTE=1`` (or ``recompute=True``, or the
@@ -284,12 +285,28 @@ def mp_iterates(method: str, H, q, iters: int, constants: dict) -> list:
 _WRITTEN: set = set()  # cache files written by this process
 
 
+CACHE_APP = "solver-verification-toolkit"
+
+
+def cache_root() -> pathlib.Path:
+    """Where the toolkit caches ground truth: ``SVT_CACHE_DIR`` if set, else the user cache
+    directory (``platformdirs.user_cache_dir``, e.g. ``~/.cache/solver-verification-toolkit``
+    on Linux) -- never inside the installed package, which may be read-only or shared."""
+    root = os.environ.get("SVT_CACHE_DIR")
+    if root:
+        return pathlib.Path(root).expanduser()
+    try:
+        import platformdirs
+    except ImportError:  # a checkout run without installing: the XDG default platformdirs would give
+        base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+        return pathlib.Path(base) / CACHE_APP
+    return pathlib.Path(platformdirs.user_cache_dir(CACHE_APP, appauthor=False))
+
+
 def _cache_dir() -> Optional[pathlib.Path]:
     if os.environ.get("SVT_NO_CACHE", "") not in ("", "0"):
         return None
-    root = os.environ.get("SVT_CACHE_DIR")
-    base = pathlib.Path(root) if root else pathlib.Path(__file__).resolve().parents[1] / ".cache"
-    return base / "ground_truth"
+    return cache_root() / "ground_truth"
 
 
 def _recompute_requested(recompute: bool) -> bool:

@@ -4,6 +4,8 @@ Each kernel keeps one system's matrix on chip across all iterations, iterates an
 accumulates in float32 and takes float32 or bfloat16 inputs with D <= 128 (docs/api.md).
 """
 
+from solvers import __version__  # noqa: F401  (one version for the whole toolkit)
+
 from ._launch import DeferredChecks
 from .cg import cg
 from .chebyshev import chebyshev

@@ -5,6 +5,8 @@ and exits non-zero when an observed verdict differs from the recorded one. ``doc
 lists every claim with its status; ``docs/errata.md`` tells the story of each that fails.
 """
 
+from solvers import __version__  # noqa: F401  (one version for the whole toolkit)
+
 from .claim import FAILS, HOLDS, Claim, Measurement, Result, Uncheckable
 from .registry import all_claims, get, uncheckable
 from .runner import format_table, main, run, run_claim, table_rows

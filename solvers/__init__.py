@@ -5,6 +5,8 @@ Each public function validates its inputs once, never modifies them, and can ret
 history record (``return_info=True``) with a :class:`Status`.
 """
 
+__version__ = "0.1.0"  # the one place the version is set (pyproject.toml reads it)
+
 from ._arith import Arith, unit_roundoff
 from ._info import SolveInfo, Status
 from .cg import cg

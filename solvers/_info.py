@@ -22,6 +22,14 @@ class Status(enum.IntEnum):
     DIVERGED = 5
     NONFINITE = 6  # an iterate became non-finite (overflow in low precision)
 
+    # Print by name: an IntEnum prints its digit from Python 3.11 on, and "1" tells a reader nothing.
+    # int(status) still gives the code (ordering, CSV columns, tensors of codes).
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
 
 def worst_status(system_status: torch.Tensor) -> Status:
     """The worst per-system status of a batch (COMPLETED for an empty batch).

@@ -210,3 +210,61 @@ def test_real_verify_families_quick(tmp_path, monkeypatch):
     rows = list(csv.DictReader((tmp_path / "verification" / "verification.csv").open()))
     assert {r["precision"] for r in rows} == {"float64", "float32", "bfloat16/storage", "bfloat16/strict"}
     assert all(r["verdict"] in ("holds", "holds (running bound)", "no guarantee") for r in rows)
+
+
+def test_report_starts_with_the_top_line_and_provenance(tmp_path, fake_family, fake_claims, monkeypatch):
+    monkeypatch.setattr(cli, "FIGURES", [])
+    fake_family.ROWS = [_row(), _row(rounding=1.0), _row(rounding_bound=2.0)]  # holds, FAILS, no guarantee
+    assert cli.main(["report", "--out", str(tmp_path)]) == 1
+    report = (tmp_path / "report.md").read_text()
+    top = report.split("## Summary")[0]
+    assert "**Verification: 1 of 3 rows hold, 1 fail, 1 inconclusive**" in top
+    assert "**Claims: 1 runs of 1 claims: 1 hold.**" in top
+    assert "Produced by commit" in top and "torch" in top and "Triton" in top
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert summary["verification"] == {"rows": 3, "held": 1, "failed": 1, "inconclusive": 1}
+    assert set(summary["provenance"]) >= {"commit", "python", "torch", "triton", "device", "date"}
+    assert "provenance" in json.loads((tmp_path / "verification" / "verification.json").read_text())
+
+
+def test_failing_claims_are_counted_by_severity_when_the_catalogue_has_them(monkeypatch):
+    from analysis.verification import topline
+
+    rows = [{"claim": "a", "verdict": "fails", "matches": True}, {"claim": "b", "verdict": "fails", "matches": True},
+            {"claim": "b", "verdict": "fails", "matches": True}, {"claim": "c", "verdict": "holds", "matches": True},
+            {"claim": "d", "verdict": "fails", "matches": True, "form": "extension"}]
+    monkeypatch.setattr(topline, "severity_lookup", lambda: {"a": "numerical", "b": "wording"}.get)
+    monkeypatch.setattr(topline, "severity_order", lambda: ("substantive", "numerical", "wording"))
+    counts = topline.claim_counts(rows)
+    assert counts["failing_claims"] == 2 and list(counts["failing_by_severity"].items()) == [("numerical", 1), ("wording", 1)]
+    assert counts["failing_other"] == 1  # a refuted extension is no printed statement
+    rows_counts = {"rows": 1, "held": 1, "failed": 0, "inconclusive": 0}
+    top = " ".join(topline.markdown(rows_counts, counts, {"written": 0, "failed": 0}, 0))
+    assert "**2 printed statements fail** (1 numerical, 1 wording); 1 other claims" in top
+    monkeypatch.setattr(topline, "severity_lookup", lambda: None)  # a catalogue without severities
+    counts = topline.claim_counts(rows)
+    assert counts["failing_by_severity"] == {"unrated": 2}
+    assert "(the catalogue records no severities)" in " ".join(topline.markdown(rows_counts, counts, {"written": 0, "failed": 0}, 0))
+
+
+def test_version_and_subcommand_help_with_defaults(capsys):
+    import analysis
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip().endswith(analysis.__version__)
+    for command in ("verify", "report", "allowance", "gka_omega"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        out = capsys.readouterr().out
+        flat = " ".join(out.split())  # argparse wraps to the terminal's width
+        assert "(default: reports)" in flat and "(default on a machine without a CUDA GPU)" in flat
+        description = out.split("\n\n")[1]  # the paragraph after the usage line
+        assert not description.startswith("options") and description.rstrip().endswith(".")
+
+
+def test_status_prints_its_name():
+    from solvers import Status
+
+    assert str(Status.CONVERGED) == "CONVERGED" and f"{Status.DIVERGED:>10}" == "  DIVERGED"
+    assert int(Status.CONVERGED) == 1 and Status.NONFINITE > Status.BREAKDOWN  # codes and order unchanged

@@ -33,6 +33,9 @@ def test_figure_writes_its_files(name, tmp_path):
     for f in files:
         assert f.exists() and f.stat().st_size > 0, f
     assert (tmp_path / f"{mod.NAME}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stamp = json.loads((tmp_path / f"{mod.NAME}.json").read_text())["provenance"]
+    assert {"commit", "device", "torch", "date"} <= set(stamp["data"]) and stamp["data"]["commit"]
+    assert "data: " in (tmp_path / f"{mod.NAME}.svg").read_text()  # the footer names what produced it
 
 
 def test_cache_skips_recomputation_until_recompute(tmp_path, monkeypatch):
@@ -261,3 +264,29 @@ def test_precision_sweep_crossover_interpolates():
     k = precision_sweep.crossover_kappa([1.0, 100.0], rows)
     assert 1.0 < k < 100.0
     assert math.isnan(precision_sweep.crossover_kappa([1.0], rows[:1]))
+
+
+def test_stamp_of_redrawn_data_is_the_computing_run_not_the_drawing_one(tmp_path):
+    """Re-drawing cached data (the gallery) keeps the provenance of the run that computed it."""
+    files = _run("gka_omega", tmp_path)
+    cache = json.loads((tmp_path / "_cache" / "gka_omega.json").read_text())
+    cache["data"]["provenance"] = {**cache["data"]["provenance"], "device": "NVIDIA H200", "date": "2026-11-22 01:00 UTC"}
+    out = tmp_path / "redrawn"
+    out.mkdir()
+    C.render_stamped(gka_omega.render, out, cache["params"], cache["data"])
+    stamp = json.loads((out / "gka_omega.json").read_text())["provenance"]
+    assert stamp["data"]["device"] == "NVIDIA H200" and stamp["drawn"]["date"] != "2026-11-22 01:00 UTC"
+    assert "NVIDIA H200" in (out / "gka_omega.svg").read_text() and files
+
+
+def test_echo_panel_b_marks_each_power_normalised_operator_above_one():
+    """Panel (b) of echo_koopman draws operators with ||A^_w|| > 1 in their own series, counted in the legend."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    n = {"gap": [0.5, 0.6, 0.7], "norm_power": [0.9, 1.2, 1.0], "norm_exact": [1.0] * 3, "normK2_power": [0.8] * 3}
+    echo_koopman._normalisation_panel(ax, n)
+    over = [ln.get_ydata().tolist() for ln in ax.lines if ln.get_color() == "tab:red"]
+    labels = ax.get_legend_handles_labels()[1]
+    plt.close(fig)
+    assert over == [[1.2]] and any("1 of 3 operators" in lbl for lbl in labels)

@@ -24,11 +24,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-import matplotlib
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import torch  # noqa: E402
+from analysis import provenance as _prov
 
 FIGURE_DPI = 130
 GALLERY_DPI = 100
@@ -115,6 +113,7 @@ def write_data(out_dir: pathlib.Path, name: str, rows: Sequence[dict], summary: 
     """The data files beside a plot: ``<name>.csv`` (``rows``, long format), ``<name>.json``
     (``summary``, plus the paper table under ``"paper"``) and, with a table, ``<name>_paper.md``
     and ``<name>_paper.csv``."""
+    summary = {**summary, "provenance": stamp()}
     if table is None:
         return [write_csv(out_dir / f"{name}.csv", rows), write_json(out_dir / f"{name}.json", summary)]
     return [write_csv(out_dir / f"{name}.csv", rows),
@@ -157,8 +156,22 @@ def tolist(t: torch.Tensor) -> list:
 # Plot helpers
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, imported when a figure is drawn: the CLI
+    imports every figure module for its --help, and matplotlib is an optional extra."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError("drawing figures needs matplotlib: pip install 'solver-verification-toolkit[figures]' "
+                          "(or pip install matplotlib)") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def subplots(ncols: int, nrows: int = 1, *, width: float = 4.6, height: float = 3.6):
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    fig, axes = pyplot().subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
     return fig, axes
 
 
@@ -182,15 +195,75 @@ def positive(values) -> list:
     return [v if (v is not None and v > 0 and math.isfinite(v)) else float("nan") for v in values]
 
 
-def save_figure(fig, out_dir: pathlib.Path, name: str, suptitle: str = "") -> list[pathlib.Path]:
-    """Write ``<name>.png`` and ``<name>.svg`` and close the figure."""
+# Provenance of the figure being rendered: ``render_stamped`` sets it around a module's
+# ``render``, so that ``save_figure`` (footer) and ``write_data`` (JSON) stamp it without every
+# figure module passing it through.
+_STAMP: dict = {}
+
+# Colours of the working precisions where a panel separates them by colour (Dark2: distinct
+# from METHOD_COLORS' tab: colours and readable in greyscale by lightness).
+PRECISION_COLORS = {
+    "float64": "#1b9e77",
+    "float32": "#d95f02",
+    "bfloat16/storage": "#7570b3",
+    "bfloat16/strict": "#e7298a",
+}
+
+
+def render_stamped(render: Callable, out_dir: pathlib.Path, params: dict, data: dict) -> list:
+    """``render(out_dir, params, data)`` with its footer and JSON stamped by ``data["provenance"]``
+    (what computed the data; recorded by :func:`produce`) and by what draws it now."""
+    _STAMP.clear()
+    unknown = dict.fromkeys(("commit", "device", "torch", "date"), "not recorded")
+    _STAMP.update({"data": data.get("provenance") or unknown, "drawn": _prov.provenance()})
+    try:
+        return render(out_dir, params, data)
+    finally:
+        _STAMP.clear()
+
+
+def stamp() -> dict:
+    """The provenance of the figure being rendered (computed now when called outside
+    :func:`render_stamped`)."""
+    if not _STAMP:
+        here = _prov.provenance()
+        return {"data": here, "drawn": here}
+    return dict(_STAMP)
+
+
+def rounding_floor(ax, u: float, label: str = "rounding floor u") -> None:
+    """A horizontal line at the unit roundoff ``u`` of the stored values: a relative error (or a
+    residual relative to ||q||) cannot be resolved below it in that precision."""
+    ax.axhline(u, color="0.45", lw=0.9, ls=(0, (6, 2, 1, 2)), label=label, zorder=1)
+
+
+def save_figure(fig, out_dir: pathlib.Path, name: str, suptitle: str = "", *, legend_from=None,
+                legend_cols: int = 6) -> list[pathlib.Path]:
+    """Write ``<name>.png`` and ``<name>.svg`` and close the figure.
+
+    A footer names what produced it (:func:`stamp`). ``legend_from``: an axis whose legend
+    entries go into one legend below all panels (for grids where a legend would cover data).
+    """
     if suptitle:
         fig.suptitle(suptitle, fontsize=11)
-    fig.tight_layout()
+    height = fig.get_size_inches()[1]
+    footer_in = 0.2
+    bottom_in = footer_in
+    if legend_from is not None:
+        handles, labels = legend_from.get_legend_handles_labels()
+        rows = -(-len(labels) // legend_cols)
+        legend_in = 0.2 * rows + 0.15
+        fig.legend(handles, labels, loc="lower center", ncol=legend_cols, fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, footer_in / height))
+        bottom_in += legend_in
+    st = stamp()
+    fig.text(0.995, 0.004, _prov.footer(st["data"], st["drawn"]), ha="right", va="bottom", fontsize=6,
+             color="0.4")
+    fig.tight_layout(rect=(0, bottom_in / height, 1, 1))
     png, svg = out_dir / f"{name}.png", out_dir / f"{name}.svg"
     fig.savefig(png, dpi=FIGURE_DPI)
     fig.savefig(svg)
-    plt.close(fig)
+    pyplot().close(fig)
     return [png, svg]
 
 
@@ -276,8 +349,9 @@ def produce(
     else:
         data = compute(params)
         data["compute_seconds"] = round(time.perf_counter() - start, 3)
+        data["provenance"] = _prov.provenance()
         cached = False
-    files = [pathlib.Path(f) for f in render(out_dir, params, data)]
+    files = [pathlib.Path(f) for f in render_stamped(render, out_dir, params, data)]
     cache_file.write_text(json.dumps({"key": key, "params": params, "data": data,
                                       "files": [f.name for f in files]}, default=_plain))
     return Outcome(files, cached, time.perf_counter() - start)

@@ -93,9 +93,37 @@ def paper_rows(data: dict) -> list:
     ]
 
 
+def _precision_panel(ax, z: list, errors: dict) -> None:
+    """Panel (d): colour = gate, line style = precision, two legends beside the panel (twelve
+    curves would bury the data under one legend); each precision's unit roundoff is labelled."""
+    from matplotlib.lines import Line2D
+
+    for key, err in errors.items():
+        name, label = key.split("|")
+        col = "black" if "printed" in name else COLORS[name.split()[0]]
+        ax.plot(z, C.positive(err), color=col, ls=C.PRECISION_STYLES[label], lw=1.0)
+    for arith in PRECISIONS[1:]:
+        if arith.mode == "strict":
+            continue  # the same u_store as bf16 storage
+        ax.axhline(arith.u_store, color="gray", lw=0.6)
+        short = "bf16" if arith.dtype == torch.bfloat16 else arith.label
+        ax.text(z[0], arith.u_store * 1.6, f"u {short} = {arith.u_store:.1e}", fontsize=6, color="0.3")
+    C.finish_axis(ax, xlabel="z", ylabel="relative error of phi(z)", title="(d) gate value in each precision",
+                  legend=False)
+    gates = [Line2D([], [], color=COLORS[n], label=n + (" (stable)" if n == "softplus" else "")) for n in COLORS]
+    gates.append(Line2D([], [], color="black", label="softplus as printed\n1 - exp(-softplus z)"))
+    first = ax.legend(handles=gates, title="gate", fontsize=6, title_fontsize=7, loc="upper left",
+                      bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.add_artist(first)
+    styles = [Line2D([], [], color="black", ls=C.PRECISION_STYLES[a.label], label=a.label) for a in PRECISIONS[1:]]
+    ax.legend(handles=styles, title="precision", fontsize=6, title_fontsize=7, loc="lower left",
+              bbox_to_anchor=(1.02, 0.0), frameon=False)
+
+
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     z = data["z"]
     fig, axes = C.subplots(4, width=4.4)
+    fig.set_size_inches(4.4 * 4 + 1.4, 3.6)  # room for panel (d)'s legends beside it
     ax = axes[0][0]
     for name, g in data["gates"].items():
         ax.plot(z, g["value"], color=COLORS[name], lw=1.5 if name != "softplus" else 3.0,
@@ -124,16 +152,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     C.finish_axis(ax, xlabel="z > 0", ylabel="gradient scale", title="(c) gradient-over-weight ratios", legend_size=6)
     ax.set_ylim(1e-14, 1e14)
     ax = axes[0][3]
-    for key, err in data["precision"].items():
-        name, label = key.split("|")
-        col = COLORS[name.split()[0]]
-        ls = C.PRECISION_STYLES[label]
-        ax.plot(z, C.positive(err), color="black" if "printed" in name else col, ls=ls, lw=1.0,
-                label=f"{name} {label}")
-    for arith in PRECISIONS[1:]:
-        ax.axhline(arith.u_store, color="gray", lw=0.6)
-    C.finish_axis(ax, xlabel="z", ylabel="relative error of phi(z)", title="(d) gate value in each precision",
-                  legend_size=5)
+    _precision_panel(ax, z, data["precision"])
     files = C.save_figure(fig, out_dir, NAME, "Decay-gate parameterisations (gate reparameterisation proposal)")
     rows = []
     for i, zi in enumerate(z):

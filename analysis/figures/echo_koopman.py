@@ -28,7 +28,7 @@ import pathlib
 import torch
 
 import solvers.koopman as sk
-from analysis.precision import PRECISIONS, rounding_allowance
+from analysis.precision import PRECISIONS, by_label, rounding_allowance
 from solvers.cholesky import cholesky
 
 from . import _common as C
@@ -120,7 +120,7 @@ def compute(params: dict) -> dict:
             readout.setdefault(arith.label, []).append({"eps": eps, "max_error": float(err.max()),
                                                         "median_error": float(err.median()), "kappa_G": kappa,
                                                         "allowance": rounding_allowance(kappa, params["r"], arith),
-                                                        "status": int(info.status)})
+                                                        "status": info.status.name})
     return {"gains": gains, "nonnormality": nonnormal, "normalisation": normalisation, "readout": readout}
 
 
@@ -150,8 +150,30 @@ def paper_rows(data: dict) -> list:
     return rows
 
 
+def _normalisation_panel(ax, n: dict) -> None:
+    """Panel (b): the norm after eq. (12), operators whose power-normalised norm exceeds Prop. D.2's
+    bound 1 in their own colour and counted in the legend."""
+    over = [(g, v) for g, v in zip(n["gap"], n["norm_power"]) if v > 1.0]
+    under = [(g, v) for g, v in zip(n["gap"], n["norm_power"]) if v <= 1.0]
+    ax.plot([g for g, _ in under], [v for _, v in under], "o", color="tab:orange", ms=4,
+            label="||A^_w||, sigma by 6 power its")
+    ax.plot([g for g, _ in over], [v for _, v in over], "o", color="tab:red", mec="black", mew=0.5, ms=5,
+            label=f"same, > 1: breaks Prop. D.2 ({len(over)} of {len(n['gap'])} operators)")
+    ax.plot(n["gap"], n["normK2_power"], "x", color="tab:orange", ms=4, label="||A^_w^2||, power")
+    ax.plot(n["gap"], n["norm_exact"], "o", color="tab:green", ms=3, label="||A^_w||, exact sigma")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="Prop. D.2 bound 1")
+    if over:
+        ax.axhspan(1.0, max(v for _, v in over) * 1.05, color="tab:red", alpha=0.06, lw=0)
+    C.finish_axis(ax, xlabel="singular-value gap s_2 / s_1 of A_w", ylabel="spectral norm", logy=False,
+                  legend=False, title="(b) spectral normalisation, gamma = 1")
+    top, bottom = max([1.0, *n["norm_power"]]), min([*n["normK2_power"], *n["norm_power"]])
+    ax.set_ylim(top=top + 0.6 * (top - bottom))  # the upper part of the panel holds the legend, above the data
+    ax.legend(fontsize=6, loc="upper left", ncol=2)
+
+
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     fig, axes = C.subplots(3, width=4.8)
+    fig.set_size_inches(4.8 * 3 + 1.8, 3.6)  # room for panel (c)'s legend beside it
     ax = axes[0][0]
     grid = [i / 200 for i in range(201)]
     for K, col in (("2", "tab:blue"), ("4", "tab:red")):
@@ -164,21 +186,30 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
                   logy=False, legend_size=6, title="(a) power-filter gain per eigenmode")
     ax = axes[0][1]
     n = data["normalisation"]
-    ax.plot(n["gap"], n["norm_power"], "o", color="tab:orange", ms=4, label="||A^_w||, sigma by 6 power its")
-    ax.plot(n["gap"], n["normK2_power"], "x", color="tab:orange", ms=4, label="||A^_w^2||, power")
-    ax.plot(n["gap"], n["norm_exact"], "o", color="tab:green", ms=3, label="||A^_w||, exact sigma")
-    ax.axhline(1.0, color="black", lw=0.8, ls="--", label="Prop. D.2 bound 1")
-    C.finish_axis(ax, xlabel="singular-value gap s_2 / s_1 of A_w", ylabel="spectral norm", logy=False,
-                  legend_size=6, title="(b) spectral normalisation, gamma = 1")
+    _normalisation_panel(ax, n)
     ax = axes[0][2]
+    vacuous = []
     for label, rows in data["readout"].items():
         eps = [r["eps"] for r in rows]
         ls = C.PRECISION_STYLES[label]
-        ax.plot(eps, C.positive([r["max_error"] for r in rows]), ls=ls, marker="o", ms=3, label=f"{label} max")
-        ax.plot(eps, C.positive([r["allowance"] if r["allowance"] < 1 else float("nan") for r in rows]),
-                ls=ls, color="gray", lw=0.8, label=f"{label} allowance")
-    C.finish_axis(ax, xlabel="ridge eps", ylabel="||y - y(float64)|| / ||y(float64)||", logx=True, legend_size=6,
+        col = C.PRECISION_COLORS[label]
+        ax.plot(eps, C.positive([r["max_error"] for r in rows]), ls=ls, color=col, marker="o", ms=3,
+                label=f"{label} max error")
+        allowance = [r["allowance"] if r["allowance"] < 1 else float("nan") for r in rows]
+        if any(a == a for a in allowance):  # a legend entry only for a line that is drawn
+            ax.plot(eps, allowance, ls=ls, color=col, lw=0.8, alpha=0.7, label=f"{label} allowance")
+        if any(a != a for a in allowance):
+            vacuous.append(label)
+    for u, name in sorted({(by_label(lbl).u_store, "bf16" if lbl.startswith("bfloat16") else lbl)
+                           for lbl in data["readout"]}):
+        C.rounding_floor(ax, u, f"rounding floor u ({name})")
+    if vacuous:
+        ax.plot([], [], " ", label="allowance >= 1 (vacuous, not drawn):\n  " + ", ".join(
+            lbl.replace("bfloat16", "bf16") + (" (all eps)" if all(r["allowance"] >= 1 for r in data["readout"][lbl])
+                                               else " (part)") for lbl in vacuous))
+    C.finish_axis(ax, xlabel="ridge eps", ylabel="||y - y(float64)|| / ||y(float64)||", logx=True, legend=False,
                   title="(c) ridge readout C_v G~^-1 z^q vs eps")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # beside: no data hidden
     files = C.save_figure(fig, out_dir, NAME, f"Echo SKA: r = {params['r']}, T = {params['T']}, "
                           f"{params['systems']} systems")
     rows = [{"panel": "a", "K": K, "abs_lambda": l, "gain": gn, "abs_lambda_K": l ** int(K)}

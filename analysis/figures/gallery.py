@@ -43,7 +43,7 @@ def refresh(out: pathlib.Path, docs: pathlib.Path, names=None) -> list:
         C.FIGURE_DPI = C.GALLERY_DPI
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                mod.render(pathlib.Path(tmp), entry["params"], entry["data"])
+                C.render_stamped(mod.render, pathlib.Path(tmp), entry["params"], entry["data"])
                 target = docs / f"{mod.NAME}.png"
                 _small_png(pathlib.Path(tmp) / f"{mod.NAME}.png", target)
         finally:

@@ -20,7 +20,7 @@ import pathlib
 import torch
 
 import solvers
-from analysis.precision import PRECISIONS
+from analysis.precision import PRECISIONS, by_label
 
 from . import _common as C
 from ._runs import METHODS, residual_bound, residual_history
@@ -93,9 +93,26 @@ def paper_rows(data: dict) -> list:
     return rows
 
 
+def _legends(ax) -> None:
+    """Two small legends beside the last panel (colour = method, line style = statistic)
+    instead of twelve entries over the data."""
+    from matplotlib.lines import Line2D
+
+    methods = [Line2D([], [], color=C.METHOD_COLORS[m], lw=1.6, label=LABELS[m]) for m in METHODS]
+    styles = [Line2D([], [], color="black", lw=1.6, label="max over systems"),
+              Line2D([], [], color="black", lw=1.0, ls="--", label="median"),
+              Line2D([], [], color="black", lw=0.8, ls=":", label="exact-arithmetic bound"),
+              Line2D([], [], color="0.45", lw=0.9, ls=(0, (6, 2, 1, 2)), label="rounding floor u_store")]
+    first = ax.legend(handles=methods, title="method", fontsize=6, title_fontsize=7, loc="upper left",
+                      bbox_to_anchor=(1.02, 1.0), frameon=False)
+    ax.add_artist(first)
+    ax.legend(handles=styles, fontsize=6, loc="lower left", bbox_to_anchor=(1.02, 0.0), frameon=False)
+
+
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     labels = list(data["series"])
     fig, axes = C.subplots(len(labels))
+    fig.set_size_inches(4.6 * len(labels) + 1.4, 3.6)  # room for the legends beside the last panel
     its = list(range(params["iters"] + 1))
     for ax, label in zip(axes[0], labels):
         for m in METHODS:
@@ -105,8 +122,15 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
             ax.plot(its, C.positive(ser["median"]), color=col, lw=1.0, ls="--", label=f"{LABELS[m]} median")
             ax.plot(its, C.positive(data["bounds"][m]), color=col, lw=0.8, ls=":", label=f"{LABELS[m]} bound")
         C.finish_axis(ax, xlabel="iteration i", ylabel="residual ||q - A x_i|| (||q|| = 1)", title=label,
-                      legend=(label == labels[0]), legend_size=6)
-        ax.set_ylim(bottom=max(1e-17, ax.get_ylim()[0]), top=10.0)
+                      legend=False)
+        u = by_label(label).u_store
+        ax.set_ylim(bottom=min(max(1e-17, ax.get_ylim()[0]), u / 30), top=10.0)
+        C.rounding_floor(ax, u, "rounding floor u_store ||q||")
+        # below the floor the exact-arithmetic bounds promise what the stored q cannot resolve
+        ax.axhspan(ax.get_ylim()[0], u, color="0.5", alpha=0.08, lw=0)
+        ax.text(0.98, u * 0.5, "below u: bounds unattainable\nin this precision", transform=ax.get_yaxis_transform(),
+                ha="right", va="top", fontsize=6, color="0.3")
+    _legends(axes[0][-1])
     s = params["scale"]
     title = (f"GKA Fig. 1a: B={s['B']}, T={s['T']}, heads={s['heads']}, D={s['D']}, a={params['a']} "
              f"(kappa <= {data['kappa']:.0f}), {data['n_systems']} systems")

@@ -108,7 +108,8 @@ def paper_rows(params: dict, data: dict) -> list:
 
 
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
-    fig, axes = C.subplots(2, width=5.4)
+    fig, axes = C.subplots(3, width=5.0)
+    fig.set_size_inches(5.0 * 3 + 1.6, 3.6)  # room for the legend beside panel (c)
     ax = axes[0][0]
     kap, kr = params["kappas"], data["kappa_range"]
     ax.fill_between(kap, kr["lower"], kr["upper"], color="tab:blue", alpha=0.12, label="Lemma 3: [omega_1* - 1, 1]")
@@ -119,17 +120,22 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     ax.axvline(10.0, color="gray", lw=0.8, ls="-.")
     C.finish_axis(ax, xlabel="kappa = L / mu", ylabel="-b_i = omega_i - 1", logx=True, logy=True,
                   title="(a) Chebyshev reversal divisor (theory)")
-    ax = axes[0][1]
     its = list(range(1, params["iters"] + 1))
-    for label, d in data["cg"].items():
-        ls = C.PRECISION_STYLES[label]
-        ax.plot(its, C.positive(d["beta_min"]), color="tab:orange", ls=ls, lw=1.0, label=f"beta_i min/max {label}")
-        ax.plot(its, C.positive(d["beta_max"]), color="tab:orange", ls=ls, lw=1.0)
-        ax.plot(its[1:], C.positive(d["m_min"]), color="tab:red", ls=ls, lw=1.0, label=f"m_i min/max {label}")
-        ax.plot(its[1:], C.positive(d["m_max"]), color="tab:red", ls=ls, lw=1.0)
-    ax.plot(its, data["chebyshev_minus_b"], color="tab:blue", lw=2.0, label="Chebyshev omega_i - 1")
-    C.finish_axis(ax, xlabel="iteration i", ylabel="divisor (min and max over systems)", legend_size=6,
-                  title=f"(b) CG reversal divisors, Fig. 1a problems (kappa <= {data['kappa_fig1a']:.0f})")
+    for ax, (key, its_q, name, eq) in zip(axes[0][1:], (("beta", its, "beta_i", "Hestenes-Stiefel"),
+                                                        ("m", its[1:], "m_i", "three-term"))):
+        # one colour per precision, min and max of the same precision bounding a shaded band
+        for label, d in data["cg"].items():
+            col = C.PRECISION_COLORS[label]
+            lo, hi = C.positive(d[f"{key}_min"]), C.positive(d[f"{key}_max"])
+            ax.fill_between(its_q, lo, hi, color=col, alpha=0.10, lw=0)
+            ax.plot(its_q, hi, color=col, lw=1.1, label=f"{label}")
+            ax.plot(its_q, lo, color=col, lw=1.1, ls="--")
+        ax.plot(its, data["chebyshev_minus_b"], color="black", lw=1.8, label="Chebyshev omega_i - 1")
+        ax.plot([], [], color="gray", lw=1.1, label="max over systems")
+        ax.plot([], [], color="gray", lw=1.1, ls="--", label="min over systems")
+        C.finish_axis(ax, xlabel="iteration i", ylabel=f"CG divisor {name} ({eq} form)", legend=False,
+                      title=f"({'b' if key == 'beta' else 'c'}) CG {name}, Fig. 1a problems (kappa <= {data['kappa_fig1a']:.0f})")
+    axes[0][2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     files = C.save_figure(fig, out_dir, NAME)
     rows = [{"panel": "a", "kappa": k, "lower": lo, "upper": 1.0, "attained_min": amin, "attained_max": amax}
             for k, lo, amin, amax in zip(kap, kr["lower"], kr["attained_min"], kr["attained_max"])]

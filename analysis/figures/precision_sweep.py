@@ -32,7 +32,7 @@ import numpy as np
 
 from analysis import bounds
 from analysis import ground_truth as gt
-from analysis.precision import PRECISIONS, rounding_allowance
+from analysis.precision import PRECISIONS, by_label, rounding_allowance
 from analysis.strategies.spd import spd_system
 
 from . import _common as C
@@ -91,6 +91,26 @@ def crossover_kappa(kappas: list, rows: list) -> float:
     return float("nan")
 
 
+# Bottom of each precision's y range: a decade or more below its unit roundoff, so the rounding
+# floor and the curves near it show, without the empty decades a shared range would leave.
+Y_BOTTOM = {"float64": 1e-18, "float32": 1e-11, "bfloat16/storage": 1e-6, "bfloat16/strict": 1e-6}
+
+
+def _allowance_with_limit(ax, kappas: list, D: int, label: str) -> None:
+    """The rounding allowance c kappa (n u_acc + u_store) as a line up to where it reaches 1, and
+    a mark there: beyond it the allowance bounds nothing (a relative error of 1 is no claim)."""
+    arith = by_label(label)
+    vacuous = 1.0 / rounding_allowance(1.0, D, arith)
+    lo, hi = min(kappas), max(kappas)
+    grid = np.geomspace(lo, min(hi, vacuous), 60)
+    ax.plot(grid, [rounding_allowance(k, D, arith) for k in grid], color="black", ls=":", lw=0.9,
+            label="rounding allowance")
+    if vacuous <= hi:
+        ax.axvline(vacuous, color="black", lw=0.6, ls=(0, (1, 3)))
+        ax.text(vacuous * 1.15, 0.97, "allowance >= 1: vacuous ->", fontsize=6, color="0.25", va="top",
+                transform=ax.get_xaxis_transform())
+
+
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
     labels = [a.label for a in PRECISIONS]
     fig, axes = C.subplots(len(labels), len(gt.METHODS), width=3.9, height=3.0)
@@ -107,20 +127,21 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
             ax.plot(kap, C.positive([r["backward"] for r in rows]), color="gray", lw=0.8, label="backward error")
             ax.plot(kap, C.positive([r["truncation_bound"] for r in rows]), color="black", ls="--", lw=0.7,
                     label="truncation bound")
-            ax.plot(kap, C.positive([r["rounding_allowance"] for r in rows]), color="black", ls=":", lw=0.9,
-                    label="rounding allowance")
+            _allowance_with_limit(ax, kap, params["D"], label)
+            C.rounding_floor(ax, by_label(label).u_store, "rounding floor u_store")
             cross = crossover_kappa(kap, rows)
             crossovers[f"{method}|{label}"] = cross
             if math.isfinite(cross):
-                ax.axvline(cross, color="purple", lw=0.8, alpha=0.6)
+                ax.axvline(cross, color="purple", lw=0.8, alpha=0.6, label="truncation = rounding")
             C.finish_axis(ax, xlabel="kappa" if i == len(gt.METHODS) - 1 else "",
                           ylabel=f"{LABELS[method]}: error / ||x*||" if j == 0 else "", logx=True,
-                          title=f"{LABELS[method]}, {label}", legend=(i == 0 and j == 0), legend_size=6)
-            ax.set_ylim(1e-18, 1e2)
+                          title=f"{LABELS[method]}, {label}", legend=False)
+            ax.set_ylim(Y_BOTTOM[label], 1e2)
             for k, r in zip(kap, rows):
                 csv_rows.append({"method": method, "precision": label, "kappa": k, **r})
     files = C.save_figure(fig, out_dir, NAME, f"Error after r = {params['iters']} iterations vs kappa "
-                          f"(D = {params['D']}, worst of {len(params['seeds'])} seed(s)); purple: truncation = rounding")
+                          f"(D = {params['D']}, worst of {len(params['seeds'])} seed(s)); purple: truncation = rounding",
+                          legend_from=axes[0][0], legend_cols=7)
     files += C.write_data(out_dir, NAME, csv_rows, {"params": params, "crossover_kappa": crossovers})
     return files
 
