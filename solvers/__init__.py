@@ -6,6 +6,7 @@ history record (``return_info=True``) with a :class:`Status`.
 """
 
 from ._arith import Arith, unit_roundoff
+from .contracts import Contract, of_reference as contract_of_reference, parse as parse_contract
 from ._info import SolveInfo, Status
 from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
@@ -46,6 +47,9 @@ from .koopman import (
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
+    "Contract",
+    "contract_of_reference",
+    "parse_contract",
     "GATES",
     "BalancedGate",
     "GKAGrads",
