@@ -824,7 +824,11 @@ def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16",
                              prepare=prepare)
         for f in found:
             rep.history.append(f)
-            if rep.worst is None or f.ratio > rep.worst.ratio:
+            # the worst finding shown is the worst conclusive one (or a failure); a vacuous
+            # bound's ratio says nothing about the kernel
+            w = rep.worst
+            if (w is None or (w.vacuous and not w.failed and (not f.vacuous or f.ratio > w.ratio))
+                    or ((not f.vacuous or f.failed) and f.ratio > w.ratio)):
                 rep.worst = f
             if f.vacuous:
                 state["vacuous"].add(case.label)

@@ -25,7 +25,7 @@ from typing import Iterable, Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
-from . import registry
+from . import contract_route, registry
 from .claim import (ALL_PRECISIONS, CORRECTED, ERROR, EXTENSION, FAILS, HOLDS, PENDING, PRINTED, Claim,
                     Measurement, Pending, Result)
 
@@ -50,17 +50,22 @@ def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
 def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES, deterministic: bool = True,
               impl: Optional[Mapping] = None, shrink: bool = True) -> Result:
     """Search one claim in one precision. ``impl`` replaces ``claim.implementation()``
-    (how :mod:`proofs_check.broken` injects a broken implementation)."""
+    (how :mod:`proofs_check.broken` injects a broken implementation); such a run is held to the
+    precision's contract bound where one exists and reports ``inconclusive`` instead of
+    ``holds`` when a case's bound is vacuous (:mod:`proofs_check.contract_route`)."""
     start = time.perf_counter()
     try:
         implementation = claim.implementation() if impl is None else impl
     except Pending as exc:
         return Result(claim, precision, 0, None, PENDING, message=str(exc), seconds=time.perf_counter() - start)
-    state = {"tried": 0, "worst": None, "fail": None}
+    state = {"tried": 0, "worst": None, "fail": None, "vacuous": 0}
+    # an implementation under test is held to its precision's contract (proofs_check.contract_route)
+    check = claim.check if impl is None else contract_route.tightened(claim, precision)
 
     def body(case):
         state["tried"] += 1
-        m = claim.check(case, implementation, precision)
+        m = check(case, implementation, precision)
+        state["vacuous"] += contract_route.vacuous(m)
         if _worse(m, state["worst"]):
             state["worst"] = m
         if not m.ok:
@@ -83,13 +88,16 @@ def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES,
         state["worst"] = m
     except Exception as exc:  # a defect of the check or of the reference it calls
         verdict, message = ERROR, f"{type(exc).__name__}: {exc}"
+    if verdict == HOLDS and state["vacuous"]:
+        verdict = contract_route.INCONCLUSIVE
+        message = f"{state['vacuous']} of {state['tried']} cases had a vacuous bound (relative bound >= 1)"
     return Result(claim, precision, state["tried"], state["worst"], verdict, counterexample, message,
                   time.perf_counter() - start)
 
 
 def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, examples: int = DEFAULT_EXAMPLES,
         precisions: Optional[Iterable[str]] = None, deterministic: bool = True, shrink: bool = True,
-        progress=None) -> list:
+        progress=None, impl: Optional[Mapping] = None) -> list:
     """Run the selected claims; one :class:`Result` per (claim, precision).
 
     ``precisions``: restrict to these labels (each claim runs in those it supports); by
@@ -105,7 +113,7 @@ def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, 
         for p in claim.precisions:
             if wanted is not None and p not in wanted:
                 continue
-            r = run_claim(claim, p, examples=examples, deterministic=deterministic, shrink=shrink)
+            r = run_claim(claim, p, examples=examples, deterministic=deterministic, shrink=shrink, impl=impl)
             results.append(r)
             if progress is not None:
                 progress(r)
@@ -197,7 +205,27 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--random", action="store_true", help="random search instead of the deterministic one")
     p.add_argument("--no-shrink", action="store_true", help="report counterexamples unshrunk (faster)")
     p.add_argument("--list", action="store_true", help="list the selected claims and exit")
+    p.add_argument("--impl", metavar="MODULE:NAME",
+                   help="implementation under test: a mapping (or a function returning one) of the names the "
+                        "claims' checks call, held to each precision's contract bound")
     return p
+
+
+def _load_impl(spec: str) -> Mapping:
+    """``module:name`` -> the mapping it names (or that the zero-argument function returns)."""
+    import importlib
+
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ValueError(f"expected module:name, got {spec!r}")
+    try:
+        obj = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load {spec!r}: {exc}") from None
+    obj = obj() if callable(obj) and not isinstance(obj, Mapping) else obj
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{spec!r} is not a mapping of names to functions")
+    return obj
 
 
 def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -> int:
@@ -213,7 +241,14 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         print(f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s){flag}",
               file=sys.stderr, flush=True)
 
+    impl = None
+    if args.impl:
+        try:
+            impl = _load_impl(args.impl)
+        except ValueError as exc:
+            print(f"{prog}: error: argument --impl: {exc}", file=sys.stderr)
+            return 2
     results = run(args.paper, args.claim, examples=args.examples, precisions=args.precision,
-                  deterministic=not args.random, shrink=not args.no_shrink, progress=progress)
+                  deterministic=not args.random, shrink=not args.no_shrink, progress=progress, impl=impl)
     print(format_table(results))
     return 0 if all(r.matches for r in results) else 1
