@@ -751,7 +751,10 @@ def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: to
         k_out = _tuple(kernel(*rounded_in.values(), **opts))
     except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding
         return _crash(case, strategy, f"kernel raised {type(e).__name__}: {e}")
-    r_out = _tuple(reference(*ref_in.values(), **opts))
+    try:
+        r_out = _tuple(reference(*ref_in.values(), **opts))
+    except Exception as e:  # noqa: BLE001 - reported with the case, like a kernel crash
+        return _crash(case, strategy, f"reference raised {type(e).__name__}: {e}")
     if len(k_out) != len(strategy.outputs) or len(r_out) != len(strategy.outputs):
         return _crash(case, strategy, f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel and "
                                       f"{len(r_out)} from the reference")
