@@ -111,3 +111,19 @@ def test_fair_pairing_prepare_hook():
                          shrink=False, seed=SEED, examples=12, prepare=harness.kla_prepare)
     assert fair.verdict != FAIL, str(fair)
     assert unfair.worst.ratio > fair.worst.ratio, (str(unfair), str(fair))
+
+
+def test_bounds_at_gka_setting_are_non_vacuous():
+    """GKA's ridge form at a = 0.02 (kappa <= 51), r = 30, D = 128, bf16 inputs: bound / ||x||
+    (docs/harness.md, "Non-vacuity": 1.5% for bf16 operands, 6.9% for bf16 storage)."""
+    from analysis.contract_bounds import linear_bound
+
+    case = harness.gka_ridge_case(128, (2,), a=0.02, iters=30, kappa_h=1e4, seed=0)
+    H, q = (case.inputs[k].to(torch.bfloat16).double() for k in ("H", "q"))
+    fro = torch.linalg.matrix_norm(H)
+    lam = 0.02 * fro
+    rel = {c: float(linear_bound("chebyshev", H, q, L=fro + lam, mu=lam, iters=30, contract=c, shift=lam).relative.max())
+           for c in ("float32", "bfloat16/operands", "bfloat16/storage")}
+    assert rel["float32"] < 1e-3, rel
+    assert rel["bfloat16/operands"] <= 0.05, rel  # the 5% target
+    assert rel["bfloat16/storage"] < 0.075, rel  # 6.9%: misses 5% (docs/harness.md says why)
