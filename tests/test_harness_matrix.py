@@ -34,6 +34,11 @@ ROWS = {
             ("scaled", "no_key_norm")),
 }
 MATRIX = [(name, c, v) for name, row in ROWS.items() for c in CONTRACTS for v in (None, *row[3])]
+# CG's check is its finite-precision convergence bound (a model, analysis.contract_bounds.cg_bound);
+# in bf16 its widened spectrum and accuracy floor leave few conclusive cases, and a CG that
+# stops at k/2 >= D steps is as good as exact CG: there the harness may only say INCONCLUSIVE
+# (never PASS) for half the iterations.
+WEAK = {("cg", "bfloat16/operands", "half"), ("cg", "bfloat16/storage", "half")}
 
 
 def _run(name, contract, variant, strategy=None, **kw):
@@ -49,6 +54,8 @@ def test_matrix(name, contract, variant):
         # the contract's own emulation: no case beyond its bound (vacuous cases make it INCONCLUSIVE)
         assert rep.verdict != FAIL, str(rep)
         assert rep.examples >= 5, str(rep)
+    elif (name, contract, variant) in WEAK:
+        assert rep.verdict != harness.PASS, str(rep)
     else:
         assert rep.verdict == FAIL, f"{variant} not caught under {contract}:\n{rep}"
 
