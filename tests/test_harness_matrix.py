@@ -117,7 +117,7 @@ def test_fair_pairing_prepare_hook():
     fair = harness.check(rounds_inputs, solvers.kla_chunkwise, strat, model="bfloat16/storage", device="cpu",
                          shrink=False, seed=SEED, examples=12, prepare=harness.kla_prepare)
     assert fair.verdict != FAIL, str(fair)
-    assert unfair.worst.ratio > fair.worst.ratio, (str(unfair), str(fair))
+    assert unfair.verdict == FAIL, str(unfair)  # the false FAIL that fair pairing removes
 
 
 def test_bounds_at_gka_setting_are_non_vacuous():
