@@ -134,3 +134,26 @@ def test_bounds_at_gka_setting_are_non_vacuous():
     assert rel["float32"] < 1e-3, rel
     assert rel["bfloat16/operands"] <= 0.05, rel  # the 5% target
     assert rel["bfloat16/storage"] < 0.075, rel  # 6.9%: misses 5% (docs/harness.md says why)
+
+
+def omega0_impl():
+    """An implementation mapping for ``python -m proofs_check --impl``: gka.alg1 with omega_0 = 1."""
+    from proofs_check import registry
+    from solvers.contracts import of_reference
+
+    def omega1(A, q, *, L, mu, iters, bf16_mode="storage"):
+        return emulate.chebyshev(A, q, L=L, mu=mu, iters=iters, contract=of_reference(A.dtype, bf16_mode),
+                                 broken="omega0")
+
+    return dict(registry.all_claims(None, ["gka.alg1"])[0].implementation(), chebyshev=omega1)
+
+
+def test_proofs_check_impl_option(capsys):
+    from proofs_check import runner
+
+    assert runner.main(["--claim", "gka.alg1", "--impl", "nosuch_module_q:x", "--examples", "2"]) == 2
+    assert "--impl" in capsys.readouterr().err
+    argv = ["--claim", "gka.alg1", "--precision", "bfloat16/storage", "--examples", "8", "--impl",
+            "test_harness_matrix:omega0_impl"]
+    assert runner.main(argv) == 1  # differs from the record (holds): the broken implementation fails
+    assert "fails" in capsys.readouterr().out
