@@ -41,8 +41,21 @@ MATRIX = [(name, c, v) for name, row in ROWS.items() for c in CONTRACTS for v in
 WEAK = {("cg", "bfloat16/operands", "half"), ("cg", "bfloat16/storage", "half")}
 
 
+def _cg_catchable():
+    """CG cases where a broken CG can be told apart: k/2 < D steps (beyond D, exact CG is done) and
+    kappa <= 20 (CG's finite-precision bound is conclusive there)."""
+    return harness.spd(max_d=8, max_batch=2, max_iters=6, max_kappa=20.0, bounds=False)
+
+
+# broken variants are drawn where their effect outlives the iteration: a wrong omega_0 or a
+# truncated run decays like R^r, so a ridge case with a = 1 (kappa = 2) and r = 30 hides it
+CATCHABLE = {"cg": _cg_catchable, "gka_ridge": lambda: harness.gka_ridge(max_d=8, max_batch=2, max_iters=8)}
+
+
 def _run(name, contract, variant, strategy=None, **kw):
     fn, ref, factory, _ = ROWS[name]
+    if strategy is None and variant is not None and name in CATCHABLE:
+        strategy = CATCHABLE[name]()
     return harness.check(emulate.bind(fn, contract, variant), ref, strategy if strategy is not None else factory(), precision="bfloat16",
                          model=contract, device="cpu", shrink=False, seed=SEED, **kw)
 
