@@ -4,6 +4,10 @@ Same recurrence and the same freezing rules as ``solvers.cg`` (whose docstring s
 and the bound): a system whose residual vanishes, meets the tolerance, or whose p^T H p
 stops being positive is frozen (alpha = beta = 0) instead of dividing by zero; the kernel
 records which rule froze it so that ``return_info`` reports the same Status values.
+
+Contract: ``float32`` (``solvers.contracts``): float32 iterate, products and accumulation; bf16 inputs
+widened exactly (a bf16 H multiplies through three exact bf16 pieces of the iterate, fp32-accurate);
+``input_precision="tf32"``: ``tf32``; the result rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ iterations; xi_{i-1}, xi_{i-2}, q and the products are float32 whatever the inpu
 a bfloat16 input is solved with float32 arithmetic on its bf16 values (compare against
 ``solvers.chebyshev`` on the float32 copies of the same inputs, see tests/test_kernels_chebyshev.py).
 The result is rounded once to ``out_dtype`` (default: H's dtype, as the reference returns).
+
+Contract: ``float32`` (``solvers.contracts``): float32 iterate, products and accumulation; bf16 inputs
+widened exactly (a bf16 H multiplies through three exact bf16 pieces of the iterate, fp32-accurate);
+``input_precision="tf32"``: ``tf32``; the result rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations

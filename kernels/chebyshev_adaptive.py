@@ -7,6 +7,10 @@ registers (sum of squares in float32, square root in float32), derives lambda, L
 step ``2/(L+mu)`` and ``rho^2`` in float64 and rounds them once to float32 (as the reference
 does from its float64 parameters), and multiplies by ``H + lambda I`` as ``H x + lambda x``
 without forming it.
+
+Contract: ``float32`` (``solvers.contracts``): float32 ||H||_F, iterate, products and accumulation; bf16 inputs
+widened exactly (a bf16 H multiplies through three exact bf16 pieces of the iterate, fp32-accurate);
+``input_precision="tf32"``: ``tf32``; the result rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations

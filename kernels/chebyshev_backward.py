@@ -21,6 +21,10 @@ corrections to GKA Algorithm 2); the methods:
 for the reverse methods). All arithmetic float32; dq, dH rounded once to ``out_dtype``
 (default H's dtype). ``"autograd"`` has no kernel: torch cannot differentiate through a
 Triton kernel; use ``solvers.chebyshev_backward`` / ``solvers.chebyshev_solve`` for it.
+
+Contract: ``float32`` (``solvers.contracts``): float32 iterates, adjoints, products and accumulation; bf16 inputs
+widened exactly (a bf16 H multiplies through three exact bf16 pieces of the iterate, fp32-accurate);
+``input_precision="tf32"``: ``tf32``; the result rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ then ``H_0 <- zeta_C H_0 + K^T diag(beta_j M_{j,C}) K`` for the next chunk. The 
 keys (widened exactly from bfloat16), the Gram matrix, the masks and all products are
 float32 on chip (``tl.dot`` at ieee precision); the reference stores its chunk states in
 the working dtype, so compare against it on float32 copies of the inputs.
+
+Contract: ``float32``: state, Gram matrices, masks and products float32 (``tl.dot`` at ieee precision).
 """
 
 from __future__ import annotations

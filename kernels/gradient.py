@@ -7,6 +7,10 @@ Same recurrences as ``solvers.gd`` / ``solvers.agd`` (their docstrings state the
   beta = (sqrt(kappa) - 1)/(sqrt(kappa) + 1),  x_0 = y_0 = 0
 
 One program per system, matrix on chip, float32 iterates (see kernels.chebyshev).
+
+Contract: ``float32`` (``solvers.contracts``): float32 iterate, products and accumulation; bf16 inputs
+widened exactly (a bf16 H multiplies through three exact bf16 pieces of the iterate, fp32-accurate);
+``input_precision="tf32"``: ``tf32``; the result rounded once to ``out_dtype``.
 """
 
 from __future__ import annotations

@@ -1,28 +1,56 @@
-"""Property checks of any kernel against the reference it should match, within the bound of
-the precision model: the engine of tests/test_kernels_*.py, usable from pytest and the CLI.
+"""Property checks of any kernel against the reference it should match, within the bound of the
+kernel's declared precision contract: the engine of tests/test_kernels_*.py, usable from pytest
+and the command line.
 
     python -m kernels.harness kernels:chebyshev solvers:chebyshev --strategy spd \\
-        --precision bfloat16 --model float32 --examples 50
+        --precision bfloat16 --model bfloat16/operands --seed 0
 
 For every case a strategy draws, the inputs are rounded to ``precision`` (the kernel's input
-dtype); the kernel runs on them; the reference runs in float32 on the same values (widened
-exactly). For each output and system the error ``||kernel - reference||`` is held to
+dtype); an optional ``prepare`` hook turns them into what *both* callables receive (the same
+rounded beta, normalised query, gates: fair pairing); the kernel runs on them, the reference
+runs in float32 on the same values (widened exactly). For each output and system
 
-    bound = B(model) + B(float32)  +  u(out) ||kernel output||
+    error <= bound = B(contract) + B(float32) + u(out) ||kernel output||
 
-* ``B(arith)`` bounds one run's rounding error in that arithmetic (distance to the exact
-  result of the same algorithm on the same inputs): once for the kernel's arithmetic
-  (``model``: "float32" for kernels that keep float32 iterates, "bfloat16/storage" for
-  kernels that store bf16 intermediates) and once for the float32 reference; their sum
-  bounds the distance between the two runs (triangle inequality). The strategy supplies B:
-  for linear solvers the precision model's allowance
-  ``analysis.precision.rounding_allowance(kappa, n, arith)`` (docs/precision.md) times a
-  bound on ``||x*||``; for KLA the running error bounds of ``analysis.kaczmarz_bounds``;
-* the last term is the one rounding of the stored result to the kernel's output dtype.
+* ``B(contract)`` bounds the kernel's distance to the exact result of the same algorithm on the
+  same inputs, for the arithmetic it declares (``--model``: a ``solvers.contracts.Contract``
+  preset such as ``float32``, ``bfloat16/operands``, ``bfloat16/storage``, ``tf32``, or a
+  composed one); ``B(float32)`` the reference's; the last term is the one rounding of the
+  stored result. Strategies supply B from ``analysis.contract_bounds`` (running bounds along
+  the exact trajectory) and ``analysis.kaczmarz_bounds`` (KLA);
+* a case whose bound is at least the size of what it bounds (``bound >= ||reference output||``)
+  cannot tell a correct kernel from a broken one: it is *vacuous*, and a run with a vacuous
+  case and no failure is INCONCLUSIVE, never PASS.
 
-A NaN (an unwritten output: :func:`nan_poisoned_empty` fills fresh buffers with NaN) fails.
-hypothesis shrinks a failing case; the report names the worst error/bound ratio seen, the
-output and system where it occurred, and the shrunk counterexample.
+Verdicts: PASS (every case conclusive and within its bound), FAIL (some output beyond its bound,
+a NaN, a crash or a wrong output shape -- each reported with its case), INCONCLUSIVE. The CLI
+exits 0 / 1 / 3 for them and 2 for a usage or import error. A failing case is printed as a
+Python snippet that rebuilds it exactly (``Case.snippet``).
+
+Plugging in a strategy (the extension point)
+-------------------------------------------
+A :class:`Strategy` is a hypothesis strategy of :class:`Case` (so ``@given(harness.spd())``
+works) plus what bounds its outputs. Construct it with
+
+* ``name``; ``cases``: a hypothesis strategy drawing :class:`Case` (float64 ``inputs`` passed
+  positionally in dict order, keyword ``options`` passed to both callables, ``meta`` passed to
+  neither; ``build``/``build_kwargs`` name a function that rebuilds the case);
+* ``outputs``: names of the callables' outputs, ``core_dims``: how many trailing dims of each
+  form one system's vector / matrix (0: elementwise);
+* ``scales(case, rounded, contract) -> tuple of tensors``: one per output, broadcast to that
+  output's per-system shape, bounding ``||kernel - reference||`` before the output-rounding
+  term. ``rounded``: the inputs as both callables saw them (after ``prepare``), float64, on the
+  device; ``case.options`` are the prepared options; ``contract``: the kernel's
+  :class:`solvers.contracts.Contract` (``contract.u_acc``, ``u_store``, ``u_operand(u)``,
+  ``stores("iterate")``; ``analysis.contract_bounds.arith_of(contract)`` maps it onto the
+  references' ``Arith`` for bounds written against one). Add the float32 reference's own
+  bound (``REFERENCE_CONTRACT``);
+* optional ``errors(case, rounded, kernel_outputs, reference_outputs)``: replaces the distance
+  to the reference by another measured error (one ``(error, extra_bound)`` pair per output),
+  as CG's check does (its A-norm error to the exact solution).
+
+Register it as ``STRATEGIES["name"] = factory`` (a function taking ``precision=``, ``device=``
+and size keywords) to reach it from the command line.
 """
 
 from __future__ import annotations
@@ -32,18 +60,27 @@ import contextlib
 import importlib
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
-from hypothesis import Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
 
-from analysis.precision import by_label, rounding_allowance
+from analysis.contract_bounds import arith_of, as_contract, cg_bound, fro_error, linear_bound
+from analysis.precision import rounding_allowance
 from solvers import Arith, unit_roundoff
+from solvers.contracts import PRESETS, Contract
 
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_ARITH = Arith(torch.float32)
+REFERENCE_CONTRACT = PRESETS["float32"]
+PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
+USAGE_ERROR = 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -79,32 +116,51 @@ def nan_poisoned_empty():
 
 @dataclass
 class Case:
-    """One drawn problem: float64 inputs (exact values before rounding), keyword options,
-    and a label for reports. Inputs are passed positionally in dict order."""
+    """One drawn problem: float64 inputs (exact values before rounding), keyword options, a label,
+    ``meta`` (seen by the bounds only) and the builder that rebuilds it (:meth:`snippet`)."""
 
     inputs: dict
     options: dict
     label: str
+    meta: dict = field(default_factory=dict)
+    build: str = ""
+    build_kwargs: dict = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"Case({self.label})"
 
+    def snippet(self) -> str:
+        """Python that rebuilds this case exactly (every float in full precision, via repr)."""
+        if not self.build:
+            return f"# no builder recorded for {self.label}"
+        mod, _, fn = self.build.rpartition(".")
+        args = ", ".join(f"{k}={_py(v)}" for k, v in self.build_kwargs.items())
+        return f"import torch\nfrom {mod} import {fn}\ncase = {fn}({args})"
 
-@dataclass
-class Strategy:
-    """How to draw cases and what bounds their outputs.
 
-    ``scales(case, rounded, model)`` returns one per-system tensor per output: the bound
-    ``B(model) + B(float32)`` on that output's error (before the output-rounding term);
-    ``rounded`` holds the inputs as the kernel saw them (float64 values, on the device).
-    """
+def _py(v) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
+    return repr(v)
 
-    name: str
-    cases: st.SearchStrategy
-    outputs: tuple
-    core_dims: tuple
-    scales: Callable
-    doc: str = ""
+
+class Strategy(SearchStrategy):
+    """How to draw cases and what bounds their outputs (module docstring: the extension point).
+    Itself a hypothesis strategy drawing :class:`Case`."""
+
+    def __init__(self, name: str, cases: SearchStrategy, outputs: tuple, core_dims: tuple, scales: Callable,
+                 doc: str = "", errors: Optional[Callable] = None):
+        super().__init__()
+        self.name, self.cases, self.outputs, self.core_dims = name, cases, tuple(outputs), tuple(core_dims)
+        self.scales, self.doc, self.errors = scales, doc, errors
+
+    def do_draw(self, data):
+        return data.draw(self.cases)
+
+    def __repr__(self) -> str:
+        return f"Strategy({self.name})"
 
 
 def _orthogonal(D: int, n: int, gen: torch.Generator) -> torch.Tensor:
@@ -124,9 +180,16 @@ def spd_matrices(D: int, n: int, kappa: float, scale: float, gen: torch.Generato
     return (H + H.transpose(-1, -2)) / 2
 
 
+def _dims(max_d: int, pow2: bool) -> list:
+    if pow2:
+        return [d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= max_d] or [1]
+    return sorted({1, 2, 3, 5, 8, 13, 16, 17, 64, 100, 128, max_d} & set(range(1, max_d + 1)))
+
+
 @st.composite
-def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent, methods, precision, device):
-    D = draw(st.sampled_from(sorted({1, 2, 3, 5, 8, 13, 16, 17, 64, 100, 128, max_d} & set(range(1, max_d + 1)))))
+def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent, methods, precision, device,
+              pow2=False, unit_q=False, min_lambda=None):
+    D = draw(st.sampled_from(_dims(max_d, pow2)))
     n = draw(st.sampled_from(sorted({1, 2, 3, 7, max_batch} & set(range(1, max_batch + 1)))))
     batch = draw(st.sampled_from([(n,), (1, n), ()] if n == 1 else [(n,), (n, 1)]))
     method = draw(st.sampled_from(methods)) if methods else None
@@ -136,30 +199,40 @@ def _spd_case(draw, *, max_d, max_batch, max_iters, max_kappa, bounds, cotangent
     kappa = draw(st.floats(10.0, max(10.0, max_kappa)) if reverse else st.floats(1.0, max_kappa))
     iters = draw(st.integers(0, min(max_iters, 3) if method == "reverse" else max_iters))
     scale = draw(st.sampled_from([1.0, 1e-3, 37.5]))
+    if min_lambda is not None:
+        assume(scale / kappa >= min_lambda)
     seed = draw(st.integers(0, 2**31 - 1))
     loose = draw(st.sampled_from([1.0, 1.25]))
     per_system = draw(st.booleans())
     try:
         return spd_case(D, batch, kappa, iters=iters, scale=scale, seed=seed, loose=loose, per_system=per_system,
-                        bounds=bounds, cotangent=cotangent, method=method, precision=precision, device=device)
+                        bounds=bounds, cotangent=cotangent, method=method, precision=precision, device=device,
+                        unit_q=unit_q)
     except ValueError:  # rounding to the input dtype made a matrix indefinite
         assume(False)
 
 
 def spd_case(D: int, batch: tuple, kappa: float, *, iters: int, scale: float = 1.0, seed: int = 0,
              loose: float = 1.0, per_system: bool = True, bounds: bool = True, cotangent: bool = False,
-             method: Optional[str] = None, precision: torch.dtype = torch.bfloat16, device="cpu") -> Case:
+             method: Optional[str] = None, precision: torch.dtype = torch.bfloat16, device="cpu",
+             unit_q: bool = False) -> Case:
     """One :class:`Case` of SPD systems ``H (*batch, D, D)`` with spectrum in
-    ``[scale/kappa, scale]`` (:func:`spd_matrices`), a Gaussian q (and cotangent ``grad_x``).
+    ``[scale/kappa, scale]`` (:func:`spd_matrices`), a Gaussian q (unit norm with ``unit_q``;
+    and cotangent ``grad_x``).
 
     ``bounds``: options ``L, mu`` enclosing the spectrum of H *as rounded to* ``precision``
     (widened by ``loose``; one pair for the batch unless ``per_system``; ``L >= 1.5 mu`` for the
     reverse methods, which need L > mu). Raises ValueError if rounding made a matrix indefinite.
     """
+    build_kwargs = dict(D=D, batch=tuple(batch), kappa=float(kappa), iters=iters, scale=scale, seed=seed,
+                        loose=loose, per_system=per_system, bounds=bounds, cotangent=cotangent, method=method,
+                        precision=precision, device=str(device), unit_q=unit_q)
     reverse = method in ("reverse", "reverse_stored_omega")
     gen = torch.Generator(device=device).manual_seed(seed)
     H = spd_matrices(D, max(1, math.prod(batch)), kappa, scale, gen).reshape(*batch, D, D)
     q = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
+    if unit_q:
+        q = q / q.norm(dim=-1, keepdim=True)
     ev = torch.linalg.eigvalsh(H.to(precision).to(torch.float64))
     lo, hi = ev[..., 0], ev[..., -1]
     if not bool((lo > 0).all()):
@@ -177,9 +250,9 @@ def spd_case(D: int, batch: tuple, kappa: float, *, iters: int, scale: float = 1
         options.update(L=L, mu=mu)
     if method:
         options["method"] = method
-    label = (f"D={D} batch={batch} kappa~{kappa:.3g} scale={scale} iters={iters} seed={seed} "
+    label = (f"D={D} batch={batch} kappa={float(kappa)!r} scale={scale} iters={iters} seed={seed} "
              f"loose={loose} per_system_bounds={per_system}" + (f" method={method}" if method else ""))
-    return Case(inputs, options, label)
+    return Case(inputs, options, label, build="kernels.harness.spd_case", build_kwargs=build_kwargs)
 
 
 def _lam_min(H: torch.Tensor) -> torch.Tensor:
@@ -187,8 +260,7 @@ def _lam_min(H: torch.Tensor) -> torch.Tensor:
 
 
 def _kappa(H: torch.Tensor, options: dict) -> torch.Tensor:
-    """The condition number the allowance uses: L/mu when the method is given bounds
-    (the iteration's behaviour depends on them), the matrix's own otherwise."""
+    """L/mu when the method is given bounds, the matrix's own condition number otherwise."""
     if "L" in options:
         L = torch.as_tensor(options["L"], dtype=torch.float64, device=H.device)
         mu = torch.as_tensor(options["mu"], dtype=torch.float64, device=H.device)
@@ -197,52 +269,160 @@ def _kappa(H: torch.Tensor, options: dict) -> torch.Tensor:
     return ev[..., -1] / ev[..., 0]
 
 
-def allowances(kappa, n: int, model: Arith) -> torch.Tensor:
-    """``allowance(model) + allowance(float32)`` (analysis.precision.rounding_allowance)."""
+def allowances(kappa, n: int, model) -> torch.Tensor:
+    """A-priori ``allowance(model) + allowance(float32)`` (analysis.precision.rounding_allowance);
+    ``model`` an Arith or a contract (mapped by ``analysis.contract_bounds.arith_of``)."""
+    arith = model if isinstance(model, Arith) else arith_of(as_contract(model))
     kappa = torch.as_tensor(kappa, dtype=torch.float64)
-    return (rounding_allowance(1.0, n, model) + rounding_allowance(1.0, n, REFERENCE_ARITH)) * kappa
+    return (rounding_allowance(1.0, n, arith) + rounding_allowance(1.0, n, REFERENCE_ARITH)) * kappa
 
 
-def _solve_scales(case, rounded, model):
-    """x: ||x_kernel - x_ref|| <= allowances * ||x*||, ||x*|| <= ||q|| / lambda_min."""
+def _method_of(case: Case) -> str:
+    """The linear method the reference runs: ``case.meta["method"]``, or read off the reference's
+    name (``solvers.gd`` -> gd, ``solvers.agd`` -> agd), else Chebyshev."""
+    if "method" in case.meta:
+        return case.meta["method"]
+    ref = case.meta.get("reference", "")
+    tail = ref.rsplit(".", 1)[-1]
+    return tail if tail in ("gd", "agd") else "chebyshev"
+
+
+def _two_runs(method, H, q, options, contract, **kw):
+    """The kernel's running bound plus the float32 reference's (both against the exact run)."""
+    args = dict(L=options["L"], mu=options["mu"], iters=options["iters"], **kw)
+    k = linear_bound(method, H, q, contract=contract, **args)
+    r = linear_bound(method, H, q, contract=REFERENCE_CONTRACT, **args)
+    return k, r
+
+
+def _solve_scales(case, rounded, contract):
+    """x: running bounds of the kernel's contract and of the float32 reference
+    (``analysis.contract_bounds.linear_bound``) for the method the reference runs."""
+    H, q = rounded["H"].cpu(), rounded["q"].cpu()
+    opts = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.options.items()}
+    k, r = _two_runs(_method_of(case), H, q, opts, contract)
+    return ((k.bound[-1] + r.bound[-1]).to(rounded["H"].device),)
+
+
+def _cg_errors(case, rounded, k_out, r_out):
+    """CG: the kernel's A-norm error to the exact solution x* (float64), and the A-norm size of
+    the one rounding of its stored output, ``u(out) sqrt(lam_max) ||x_hat||``."""
     H, q = rounded["H"], rounded["q"]
-    D = H.shape[-1]
-    return (allowances(_kappa(H, case.options), D, model).to(H.device) * q.norm(dim=-1) / _lam_min(H),)
+    x = k_out[0].to(torch.float64)
+    xs = torch.linalg.solve(H, q.unsqueeze(-1)).squeeze(-1)
+    e = x - xs
+    err = torch.sqrt(torch.clamp((e * (H @ e.unsqueeze(-1)).squeeze(-1)).sum(-1), min=0.0))
+    top = torch.linalg.eigvalsh(H)[..., -1]
+    return ((err, unit_roundoff(k_out[0].dtype) * top.sqrt() * x.norm(dim=-1)),)
 
 
-def _cg_scales(case, rounded, model):
-    """CG has no forward-stable rounding bound: two finite-precision runs lose orthogonality
-    differently and their iterates can part by far more than kappa n u mid-convergence
-    (docs/precision.md measures CG by its attainable accuracy). What holds for each run is
-    the Chebyshev bound in the H-norm, ``||x_k - x*||_H <= 2 R_a^k ||x*||_H`` (Greenbaum
-    1989: finite-precision CG behaves as exact CG on a matrix with eigenvalues in tiny
-    intervals around H's), plus its attainable accuracy, taken as the allowance. In the
-    2-norm ``||e||_2 <= sqrt(kappa) ||e||_H / ||x*||_H * ||x*||_2``; so
-    ``||x_kernel - x_ref|| <= (2 sqrt(kappa) min(1, 2 R_a^k) + allowances) ||q|| / lambda_min``.
-    The check bites once CG has converged (and on NaN); the identity test of
-    tests/test_kernels_gradient_cg.py pins the first steps."""
+def _cg_scales(case, rounded, contract):
+    """CG's finite-precision convergence bound for the kernel's contract
+    (``analysis.contract_bounds.cg_bound``, a model: see there), times ``||x*||_A``."""
     H, q = rounded["H"], rounded["q"]
-    D = H.shape[-1]
-    ev = torch.linalg.eigvalsh(H)
-    kappa = ev[..., -1] / ev[..., 0]
-    ra = (kappa.sqrt() - 1) / (kappa.sqrt() + 1)
-    trunc = 2.0 * kappa.sqrt() * torch.clamp(2.0 * ra ** case.options["iters"], max=1.0)
-    return ((trunc + allowances(kappa, D, model).to(H.device)) * q.norm(dim=-1) / ev[..., 0],)
+    xs = torch.linalg.solve(H, q.unsqueeze(-1)).squeeze(-1)
+    size = torch.sqrt((xs * q).sum(-1))
+    return (cg_bound(H.cpu(), iters=case.options["iters"], contract=contract).relative.to(H.device) * size,)
 
 
 def spd(max_d: int = 16, max_batch: int = 4, max_iters: int = 30, max_kappa: float = 100.0,
-        bounds: bool = True, precision: torch.dtype = torch.bfloat16, device="cpu") -> Strategy:
-    """Batches of SPD systems ``H x = q`` with known spectrum (kappa up to ``max_kappa``),
-    for solvers called as ``f(H, q, *, [L, mu,] iters)``; ``bounds=False`` for CG.
+        bounds: bool = True, precision: torch.dtype = torch.bfloat16, device="cpu", *, pow2: bool = False,
+        unit_q: bool = False, min_lambda: Optional[float] = None, method: Optional[str] = None) -> Strategy:
+    """Batches of SPD systems ``H x = q`` with known spectrum (kappa up to ``max_kappa``), for
+    solvers called as ``f(H, q, *, [L, mu,] iters)``; ``bounds=False`` for CG.
+
     ``precision``: the kernel's input dtype (L, mu enclose the rounded matrix's spectrum);
-    ``device``: where cases are generated (the GPU for large batches)."""
+    ``device``: where cases are generated; ``pow2``: D a power of two only (kernels that do not
+    pad); ``unit_q``: unit-norm right-hand sides; ``min_lambda``: only spectra with
+    ``lambda_min >= min_lambda``; ``method``: "chebyshev" / "gd" / "agd" (default: read off the
+    reference's name)."""
     cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
-                      bounds=bounds, cotangent=False, methods=None, precision=precision, device=device)
+                      bounds=bounds, cotangent=False, methods=None, precision=precision, device=device,
+                      pow2=pow2, unit_q=unit_q, min_lambda=min_lambda)
+    if method is not None:
+        cases = cases.map(lambda c: _with_meta(c, method=method))
     if not bounds:
-        return Strategy("spd_nobounds", cases, ("x",), (1,), _cg_scales,
-                        doc="SPD systems for CG; bound: both runs within CG's convergence bound (_cg_scales)")
+        return Strategy("spd_nobounds", cases, ("x",), (1,), _cg_scales, errors=_cg_errors,
+                        doc="SPD systems for CG; A-norm error to x* within CG's finite-precision convergence bound")
     return Strategy("spd", cases, ("x",), (1,), _solve_scales,
-                    doc="SPD systems; bound: allowances * ||q|| / lambda_min")
+                    doc="SPD systems; running bound of the contract along the exact trajectory")
+
+
+def _with_meta(case: Case, **meta) -> Case:
+    case.meta.update(meta)
+    return case
+
+
+# ---------------------------------------------------------------------- GKA ridge form
+
+
+def gka_ridge_reference(H, q, *, a: float, iters: int):
+    """GKA eq. (4) then Algorithm 1 with the references: ``solvers.gka_ridge`` (lambda = a ||H||_F,
+    L = ||H||_F (1 + a), mu = lambda) and ``solvers.chebyshev`` on ``H + lambda I``."""
+    import solvers
+
+    sys_ = solvers.gka_ridge(H, a)
+    return solvers.chebyshev(sys_.A, q, L=sys_.L, mu=sys_.mu, iters=iters)
+
+
+def gka_ridge_case(D: int, batch: tuple, *, a: float, iters: int, kappa_h: float = 100.0, scale: float = 1.0,
+                   seed: int = 0, unit_q: bool = True, device="cpu") -> Case:
+    """Systems of GKA's ridge form: H symmetric positive semidefinite (spectrum in
+    ``[scale/kappa_h, scale]``), q (unit norm by default, as GKA's normalised queries), ridge
+    strength a; the callables solve ``(H + a ||H||_F I) x = q`` in ``iters`` Chebyshev steps."""
+    build_kwargs = dict(D=D, batch=tuple(batch), a=float(a), iters=iters, kappa_h=float(kappa_h), scale=scale,
+                        seed=seed, unit_q=unit_q, device=str(device))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    H = spd_matrices(D, max(1, math.prod(batch)), kappa_h, scale, gen).reshape(*batch, D, D)
+    q = torch.randn(*batch, D, dtype=torch.float64, generator=gen, device=device)
+    if unit_q:
+        q = q / q.norm(dim=-1, keepdim=True)
+    label = f"D={D} batch={batch} a={float(a)!r} kappa_h={float(kappa_h)!r} scale={scale} iters={iters} seed={seed}"
+    return Case({"H": H, "q": q}, {"a": float(a), "iters": iters}, label, build="kernels.harness.gka_ridge_case",
+                build_kwargs=build_kwargs)
+
+
+@st.composite
+def _gka_ridge_case(draw, *, max_d, max_batch, max_iters, min_a, pow2, unit_q, device):
+    D = draw(st.sampled_from(_dims(max_d, pow2)))
+    n = draw(st.sampled_from(sorted({1, 2, 3, max_batch} & set(range(1, max_batch + 1)))))
+    a = draw(st.sampled_from([x for x in (0.02, 0.05, 0.2, 1.0) if x >= min_a] or [min_a])
+             | st.floats(min_a, max(min_a, 1.0)))
+    return gka_ridge_case(D, (n,), a=a, iters=draw(st.integers(0, max_iters)),
+                          kappa_h=draw(st.sampled_from([1.0, 10.0, 1e4])), scale=draw(st.sampled_from([1.0, 0.05, 37.5])),
+                          seed=draw(st.integers(0, 2**31 - 1)), unit_q=unit_q, device=device)
+
+
+def _ridge_scales(case, rounded, contract):
+    """x: Chebyshev on ``H + lambda I`` with L, mu of eq. (4) from the stored H; the kernel's
+    lambda and step carry the relative error of its own ||H||_F (``fro_error``)."""
+    H, q = rounded["H"].cpu(), rounded["q"].cpu()
+    a, iters = case.options["a"], case.options["iters"]
+    fro = torch.linalg.matrix_norm(H)
+    lam = a * fro
+    out = []
+    for c in (as_contract(contract), REFERENCE_CONTRACT):
+        rel = fro_error(H.shape[-1], c)
+        run = linear_bound("chebyshev", H, q, L=fro + lam, mu=lam, iters=iters, contract=c, shift=lam,
+                           shift_error=lam * rel, param_rel_error=rel)
+        out.append(run.bound[-1])
+    return ((out[0] + out[1]).to(rounded["H"].device),)
+
+
+def gka_ridge(max_d: int = 16, max_batch: int = 3, max_iters: int = 30, min_a: float = 0.02,
+              precision: torch.dtype = torch.bfloat16, device="cpu", *, pow2: bool = False, unit_q: bool = True,
+              **_unused) -> Strategy:
+    """GKA's ridge form (eq. (4)): ``f(H, q, *, a, iters)`` solves ``(H + a ||H||_F I) x = q`` by
+    Algorithm 1 with ``L = ||H||_F (1 + a)``, ``mu = a ||H||_F`` (kappa <= (1 + a)/a: 51 at
+    a = 0.02); ``min_a``: the smallest ridge strength drawn (lambda >= min_a ||H||_F);
+    reference :func:`gka_ridge_reference`, kernel e.g. ``kernels.chebyshev_adaptive``."""
+    cases = _gka_ridge_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, min_a=min_a, pow2=pow2,
+                            unit_q=unit_q, device=device)
+    return Strategy("gka_ridge", cases, ("x",), (1,), _ridge_scales,
+                    doc="GKA ridge systems; running bound of the contract on H + a||H||_F I")
+
+
+# ---------------------------------------------------------------------- backward
 
 
 def _omegas64(L, mu, iters, shape, device):
@@ -258,10 +438,9 @@ def _omegas64(L, mu, iters, shape, device):
 def reverse_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
     """How much the rebuilt iterates of the reverse methods can amplify a rounding error, per
     system (float64): GKA eq. (49) runs Algorithm 1's three-term recurrence backwards; on
-    [mu, L] its characteristic roots are complex with modulus sqrt(omega_i - 1) < 1
-    (omega_i lies between omega_1* and 2, where rho^2 omega^2 < 4 (omega - 1)), so backwards an
-    error grows by ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most r as the
-    roots coalesce when omega_i -> omega_1*: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``."""
+    [mu, L] its characteristic roots are complex with modulus sqrt(omega_i - 1) < 1, so
+    backwards an error grows by ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most
+    r as the roots coalesce: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``."""
     L, mu, w = _omegas64(L, mu, iters, shape, device)
     growth = torch.full(shape, float(max(iters, 1)), dtype=torch.float64, device=device)
     if iters >= 2:
@@ -270,12 +449,8 @@ def reverse_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
 
 
 def nu_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
-    """``G_nu``: how much the recovered weights of method "reverse" amplify one rounding.
-
-    (47) ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by
-    ``4 / (rho^2 nu_i^2)`` (omega_1* is a repelling fixed point of the reversed schedule);
-    ``G_nu`` is the sum over the steps of the products of these factors, so each recovered
-    weight carries a relative error <= G_nu u."""
+    """``G_nu``: how much the recovered weights of method "reverse" amplify one rounding:
+    (47) ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by ``4 / (rho^2 nu_i^2)``."""
     L, mu, w = _omegas64(L, mu, iters, shape, device)
     rho2 = ((L - mu) / (L + mu)) ** 2
     total = torch.ones(shape, dtype=torch.float64, device=device)
@@ -311,88 +486,133 @@ def adjoint_sum(H, q, g, L, mu, iters: int) -> torch.Tensor:
     return total * xi_max
 
 
-def _backward_scales(case, rounded, model):
-    """dq = p_r(H) g (Lemma 2) is a solve-like map: allowances * 3 ||g|| / lambda_min (|p_r|
-    <= (1 + 2 R_a^{r+1}) / lambda_min on the spectrum). dH:
-    * implicit, dH = -dq x^T: allowances * (||dq|| ||x|| relative errors of both factors)
-      <= allowances * 2 * 9 ||g|| ||q|| / lambda_min^2;
-    * reverse methods: allowances * reverse_growth * 2 * adjoint_sum (errors in lambda_i and
-      in the rebuilt xi_{i-1}, each term c_i lambda_i xi_{i-1}^T).
-    Method "reverse" recovers its weights with relative error <= G_nu u in each run
-    (nu_growth): one more rounding per step of size 2 G_nu u, so its allowances grow by the
-    factor (n + 1 + 2 G_nu) / (n + 1) (the allowance is proportional to n u_acc + u_store)."""
+def _backward_scales(case, rounded, contract):
+    """dq = CH(H, g, r) (Lemma 2: the forward recurrence on the cotangent).
+
+    * implicit: running bounds (``linear_bound``) of the kernel's contract and of float32 for
+      dq and for x = CH(H, q, r); dH = -dq x^T, so ``||dH_hat - dH|| <= E_dq (||x|| + E_x) +
+      ||dq|| E_x`` plus the outer product's rounding ``u_acc ||dq_hat|| ||x_hat||``;
+    * reverse methods: no running bound yet: the a-priori allowance of the contract times
+      ``reverse_growth * 2 * adjoint_sum`` (and ``nu_growth`` for "reverse"), as before; in bf16
+      it is usually vacuous, and such cases make the verdict INCONCLUSIVE.
+    """
     H, q, g = rounded["H"], rounded["q"], rounded["grad_x"]
     opts = case.options
     D = H.shape[-1]
-    a = allowances(_kappa(H, opts), D, model).to(H.device)
+    method = opts["method"]
+    dev = H.device
+    if method == "implicit":
+        c = as_contract(contract)
+        Hc, qc, gc = H.cpu(), q.cpu(), g.cpu()
+        o = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in opts.items()}
+        dq_k, dq_r = _two_runs("chebyshev", Hc, gc, o, c)
+        x_k, x_r = _two_runs("chebyshev", Hc, qc, o, c)
+        E_dq = dq_k.bound[-1] + dq_r.bound[-1]
+        E_x = x_k.bound[-1] + x_r.bound[-1]
+        ndq, nx = dq_k.x[-1].norm(dim=-1), x_k.x[-1].norm(dim=-1)
+        outer = c.u_acc * (ndq + E_dq) * (nx + E_x) + REFERENCE_CONTRACT.u_acc * ndq * nx
+        return E_dq.to(dev), (E_dq * (nx + E_x) + ndq * E_x + outer).to(dev)
+    a = allowances(_kappa(H, opts), D, contract).to(dev)
     lmin = _lam_min(H)
     dq = a * 3.0 * g.norm(dim=-1) / lmin
-    method = opts["method"]
-    if method == "implicit":
-        return dq, a * 18.0 * g.norm(dim=-1) * q.norm(dim=-1) / lmin**2
     if method == "reverse":
-        g_nu = nu_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], H.device)
+        g_nu = nu_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], dev)
         widen = (D + 1 + 2.0 * g_nu) / (D + 1)
         a, dq = a * widen, dq * widen
-    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], H.device)
+    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], dev)
     return dq, a * growth * 2.0 * adjoint_sum(H, q, g, opts["L"], opts["mu"], opts["iters"])
 
 
 def spd_backward(max_d: int = 16, max_batch: int = 4, max_iters: int = 12, max_kappa: float = 100.0,
                  methods=("implicit", "reverse", "reverse_stored_omega"),
-                 precision: torch.dtype = torch.bfloat16, device="cpu") -> Strategy:
+                 precision: torch.dtype = torch.bfloat16, device="cpu", *, pow2: bool = False) -> Strategy:
     """SPD systems with a cotangent, for backward passes ``f(H, q, grad_x, *, L, mu, iters,
     method) -> (dq, dH)``. Reverse methods: kappa >= 10 (GKA Remark 2's regime); "reverse"
     keeps r <= 3 (its weights come through an unstable recurrence, :func:`nu_growth`)."""
     cases = _spd_case(max_d=max_d, max_batch=max_batch, max_iters=max_iters, max_kappa=max_kappa,
-                      bounds=True, cotangent=True, methods=tuple(methods), precision=precision, device=device)
+                      bounds=True, cotangent=True, methods=tuple(methods), precision=precision, device=device,
+                      pow2=pow2)
     return Strategy("spd_backward", cases, ("dq", "dH"), (1, 2), _backward_scales,
                     doc="SPD systems + cotangent; bounds in _backward_scales")
 
 
-@st.composite
-def _kla_case(draw, *, max_T, dims, max_heads, max_batch, chunk_size, per_channel, precision, device):
+# ---------------------------------------------------------------------- KLA
+
+
+def kla_harness_case(T: int, *, B: int, H: int, d_k: int, d_v: int, key_norms: tuple, per_channel: bool,
+                     alpha_low: float, chunk_size: int, seed: int, precision: torch.dtype = torch.bfloat16,
+                     device="cpu") -> Case:
+    """One KLA case in fla's layout (analysis.strategies.kla_case), gates rounded to the input
+    dtype as a kernel stores them."""
     from analysis.strategies import kla_case
 
+    build_kwargs = dict(T=T, B=B, H=H, d_k=d_k, d_v=d_v, key_norms=tuple(float(x) for x in key_norms),
+                        per_channel=per_channel, alpha_low=float(alpha_low), chunk_size=chunk_size, seed=seed,
+                        precision=precision, device=str(device))
+    c = kla_case(T, B=B, H=H, d_k=d_k, d_v=d_v, key_norms=tuple(key_norms), per_channel=per_channel,
+                 alpha=(alpha_low, 1.0), eta=(0.5, 1.0), chunk_size=chunk_size, seed=seed)
+    opts = {"alpha": c.alpha.to(precision).to(torch.float32).to(device),
+            "eta": c.eta.to(precision).to(torch.float32).to(device), "eps": c.eps, "chunk_size": chunk_size}
+    label = (f"B,T,H={tuple(c.q.shape[:3])} d_k={d_k} d_v={d_v} key_norms={tuple(key_norms)!r} "
+             f"alpha>={alpha_low} per_channel={per_channel} seed={seed}")
+    return Case({"q": c.q.to(device), "k": c.k.to(device), "v": c.v.to(device)}, opts, label,
+                build="kernels.harness.kla_harness_case", build_kwargs=build_kwargs)
+
+
+@st.composite
+def _kla_case(draw, *, max_T, dims, max_heads, max_batch, chunk_size, per_channel, precision, device):
     T = draw(st.sampled_from(sorted({1, 5, chunk_size - 1, chunk_size, chunk_size + 3, 100, 300, max_T}
                                     & set(range(1, max_T + 1)))))
     lo = 10.0 ** draw(st.floats(-1.0, 0.0))
-    c = kla_case(T, B=draw(st.integers(1, max_batch)), H=draw(st.integers(1, max_heads)),
-                 d_k=draw(st.sampled_from(dims)), d_v=draw(st.sampled_from(dims)),
-                 key_norms=(lo, lo * 10.0 ** draw(st.floats(0.0, 1.0))),
-                 per_channel=draw(st.booleans()) if per_channel else False,
-                 alpha=(draw(st.sampled_from((0.5, 0.9, 0.99))), 1.0), eta=(0.5, 1.0),
-                 chunk_size=chunk_size, seed=draw(st.integers(0, 2**31 - 1)))
-    # gates as the kernel stores them (rounded to its input dtype), passed to both callables
-    opts = {"alpha": c.alpha.to(precision).to(torch.float32).to(device),
-            "eta": c.eta.to(precision).to(torch.float32).to(device), "eps": c.eps, "chunk_size": chunk_size}
-    label = (f"B,T,H={tuple(c.q.shape[:3])} d_k={c.q.shape[-1]} d_v={c.v.shape[-1]} key_norms~{lo:.2g} "
-             f"alpha>={float(c.alpha.min()):.2g} per_channel={c.per_channel} seed={c.seed}")
-    return Case({"q": c.q.to(device), "k": c.k.to(device), "v": c.v.to(device)}, opts, label)
+    return kla_harness_case(T, B=draw(st.integers(1, max_batch)), H=draw(st.integers(1, max_heads)),
+                            d_k=draw(st.sampled_from(dims)), d_v=draw(st.sampled_from(dims)),
+                            key_norms=(lo, lo * 10.0 ** draw(st.floats(0.0, 1.0))),
+                            per_channel=draw(st.booleans()) if per_channel else False,
+                            alpha_low=draw(st.sampled_from((0.5, 0.9, 0.99))), chunk_size=chunk_size,
+                            seed=draw(st.integers(0, 2**31 - 1)), precision=precision, device=device)
 
 
-def _kla_scales(case, rounded, model):
-    """o_t and S_T: the kernel's chunkwise running error bound in its model plus the float32
+def _kla_scales(case, rounded, contract):
+    """o_t and S_T: the kernel's chunkwise running error bound in its contract (mapped onto the
+    references' arithmetic by ``arith_of``: a bf16-operand kernel is held to the bf16-storage
+    bound, whose stored roundings are where its operand roundings enter) plus the float32
     reference's (tokenwise and chunkwise bounds added, so either reference form is covered):
     ``analysis.kaczmarz_bounds.kla_chunkwise_bound`` / ``kla_tokenwise_bound`` (docs/kla.md)."""
     from analysis.kaczmarz_bounds import kla_chunkwise_bound, kla_tokenwise_bound
 
     x = {k: v.cpu() for k, v in rounded.items()}
-    kw = dict(alpha=case.options["alpha"].cpu().double(), eta=case.options["eta"].cpu().double(),
-              eps=case.options["eps"])
-    C = case.options["chunk_size"]
-    Bo, BS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=model, **kw)
+    o = case.options
+    kw = dict(alpha=o["alpha"].cpu().double(), eta=torch.as_tensor(o["eta"]).cpu().double(), eps=o["eps"],
+              normalize_queries=o.get("normalize_queries", True))
+    C = o["chunk_size"]
+    Bo, BS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=arith_of(as_contract(contract)), **kw)
     To, TS = kla_tokenwise_bound(x["q"], x["k"], x["v"], arith=REFERENCE_ARITH, **kw)
     Co, CS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=REFERENCE_ARITH, **kw)
     dev = rounded["q"].device
     return (Bo + To + Co).to(dev), (BS + TS + CS).to(dev)
 
 
+def kla_prepare(rounded: dict, options: dict, precision: torch.dtype):
+    """Fair pairing for KLA kernels whose API takes the normalised query and the Kaczmarz
+    coefficient in the input dtype (fla's ``chunk_gated_delta_rule``): computes
+    ``q_hat = q / ||q||`` and ``beta = eta / (||k||^2 + eps)`` once, rounds both to ``precision``,
+    and hands both callables (and the bound) ``q_hat`` with ``normalize_queries=False`` and the
+    ``eta`` that reproduces the rounded beta (``eta = beta (||k||^2 + eps)``, float32)."""
+    q, k = rounded["q"], rounded["k"]
+    qh = (q.to(torch.float64) / q.to(torch.float64).norm(dim=-1, keepdim=True)).to(precision).to(torch.float64)
+    nk = k.to(torch.float64).pow(2).sum(-1) + options["eps"]
+    eta = torch.as_tensor(options["eta"], dtype=torch.float64, device=q.device)
+    beta = (eta / nk).to(precision).to(torch.float64)
+    out = dict(rounded, q=qh)
+    opts = dict(options, eta=(beta * nk).to(torch.float32), normalize_queries=False)
+    return out, opts
+
+
 def kla(max_T: int = 300, dims=(16, 32, 64), max_heads: int = 2, max_batch: int = 2, chunk_size: int = 64,
         per_channel: bool = False, precision: torch.dtype = torch.bfloat16, device="cpu", **_unused) -> Strategy:
     """KLA sequences (analysis.strategies.kla_case) in fla's layout ``(B, T, H, d)``, for
-    ``f(q, k, v, *, alpha, eta, eps, chunk_size) -> (o, S_T)`` (solvers.kla_chunkwise,
-    solvers.kla_recurrent, a KLA kernel); zero initial state; T around the chunk size."""
+    ``f(q, k, v, *, alpha, eta, eps, chunk_size[, normalize_queries]) -> (o, S_T)``
+    (solvers.kla_chunkwise, solvers.kla_recurrent, a KLA kernel); zero initial state."""
     cases = _kla_case(max_T=max_T, dims=tuple(dims), max_heads=max_heads, max_batch=max_batch,
                       chunk_size=chunk_size, per_channel=per_channel, precision=precision, device=device)
     return Strategy("kla", cases, ("o", "S_T"), (1, 2), _kla_scales,
@@ -403,6 +623,7 @@ STRATEGIES = {
     "spd": spd,
     "spd_nobounds": lambda **kw: spd(bounds=False, **kw),
     "spd_backward": spd_backward,
+    "gka_ridge": gka_ridge,
     "kla": kla,
 }
 
@@ -415,7 +636,9 @@ STRATEGIES = {
 @dataclass
 class Finding:
     """The error/bound ratio of one output of one system in one case (``reference_norm``: the
-    norm of that system's reference output, to state error and bound relative to it)."""
+    norm of that system's reference output). ``vacuous``: the bound is at least the reference
+    output's norm (no conclusion either way unless the error exceeds it); ``crash``: the
+    exception or shape mismatch that made the case a finding."""
 
     ratio: float
     output: str
@@ -424,10 +647,22 @@ class Finding:
     bound: float
     case: str
     reference_norm: float = float("nan")
+    vacuous: bool = False
+    crash: str = ""
+    snippet: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.crash) or not self.ratio <= 1.0
 
     def __str__(self) -> str:
-        return (f"ratio {self.ratio:.3g} (error {self.error:.3e} vs bound {self.bound:.3e}) "
-                f"in output {self.output!r}, system {self.system}, case {self.case}")
+        if self.crash:
+            return f"{self.crash} in case {self.case}"
+        rel = (f", bound/||ref|| {self.bound / self.reference_norm:.4g}"
+               if self.reference_norm and math.isfinite(self.reference_norm) else "")
+        return (f"ratio {self.ratio:.6g} (error {self.error:.6e} vs bound {self.bound:.6e}{rel}"
+                f"{', VACUOUS bound' if self.vacuous else ''}) in output {self.output!r}, system {self.system}, "
+                f"case {self.case}")
 
 
 @dataclass
@@ -442,21 +677,44 @@ class Report:
     failure: Optional[Finding] = None
     error: Optional[str] = None
     history: list = field(default_factory=list)
+    vacuous_cases: int = 0
+    shrunk: bool = True
+    seed: Optional[int] = None
+
+    @property
+    def verdict(self) -> str:
+        if self.failure is not None or self.error is not None:
+            return FAIL
+        if self.vacuous_cases or self.examples == 0:
+            return INCONCLUSIVE
+        return PASS
 
     @property
     def passed(self) -> bool:
-        return self.failure is None and self.error is None
+        """No output beyond its bound and nothing crashed (PASS or INCONCLUSIVE; see :attr:`verdict`)."""
+        return self.verdict != FAIL
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
 
     def __str__(self) -> str:
         head = (f"{self.kernel} vs {self.reference} | strategy {self.strategy} | inputs {self.precision} | "
-                f"model {self.model} | {self.examples} cases")
+                f"contract {self.model} | {self.examples} cases" + (f" | seed {self.seed}" if self.seed is not None else ""))
         lines = [head, f"worst: {self.worst}" if self.worst else "worst: (no case ran)"]
         if self.failure:
-            lines.append(f"FAILED, shrunk counterexample: {self.failure}")
+            what = "shrunk counterexample" if self.shrunk else "first failing case (not shrunk)"
+            lines.append(f"FAIL, {what}: {self.failure}")
+            if self.failure.snippet:
+                lines.append("rebuild it with:\n" + "\n".join("    " + s for s in self.failure.snippet.splitlines()))
         if self.error:
-            lines.append(f"FAILED with an exception: {self.error}")
-        if self.passed:
-            lines.append("PASSED: every output within its bound")
+            lines.append(f"FAIL with an exception outside any case: {self.error}")
+        if self.verdict == INCONCLUSIVE:
+            why = (f"{self.vacuous_cases} of {self.examples} cases had a bound at least as large as the output "
+                   f"(no non-vacuous bound for this contract there)" if self.examples else "no case ran")
+            lines.append(f"INCONCLUSIVE: no output beyond its bound, but {why}")
+        if self.verdict == PASS:
+            lines.append("PASS: every output within its non-vacuous bound")
         return "\n".join(lines)
 
 
@@ -468,72 +726,135 @@ def _tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: torch.dtype,
-             model: Arith, device) -> list:
-    """Run one case through both callables; returns one :class:`Finding` per output (the
-    worst system of each)."""
+def _crash(case: Case, strategy: Strategy, what: str) -> list:
+    return [Finding(math.inf, strategy.outputs[0] if strategy.outputs else "?", 0, math.nan, math.nan, case.label,
+                    crash=what, snippet=case.snippet())]
+
+
+def run_case(kernel, reference, strategy: Strategy, case: Case, *, precision: torch.dtype, model, device,
+             prepare: Optional[Callable] = None) -> list:
+    """Run one case through both callables; returns one :class:`Finding` per output (the worst
+    system of each). Never raises for the kernel: a crash or a wrong output is a finding.
+
+    ``model``: the kernel's contract (a :class:`solvers.contracts.Contract`, a name, or a
+    references' ``Arith``); ``prepare(rounded, options, precision) -> (inputs, options)``: what
+    both callables (and the bound) receive instead of the rounded inputs (fair pairing)."""
+    contract = as_contract(model)
+    case.meta.setdefault("reference", _name(reference))
     rounded_in = {k: v.to(precision).to(device) for k, v in case.inputs.items()}
-    ref_in = {k: v.to(torch.float32) for k, v in rounded_in.items()}
     opts = {k: _to(v, device) for k, v in case.options.items()}
-    k_out = _tuple(kernel(*rounded_in.values(), **opts))
-    r_out = _tuple(reference(*ref_in.values(), **opts))
+    if prepare is not None:
+        rounded_in, opts = prepare(rounded_in, opts, precision)
+        rounded_in = {k: v.to(precision) for k, v in rounded_in.items()}
+    ref_in = {k: v.to(torch.float32) for k, v in rounded_in.items()}
+    try:
+        k_out = _tuple(kernel(*rounded_in.values(), **opts))
+    except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding
+        return _crash(case, strategy, f"kernel raised {type(e).__name__}: {e}")
+    try:
+        r_out = _tuple(reference(*ref_in.values(), **opts))
+    except Exception as e:  # noqa: BLE001 - reported with the case, like a kernel crash
+        return _crash(case, strategy, f"reference raised {type(e).__name__}: {e}")
     if len(k_out) != len(strategy.outputs) or len(r_out) != len(strategy.outputs):
-        raise AssertionError(f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel "
-                             f"and {len(r_out)} from the reference")
+        return _crash(case, strategy, f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel and "
+                                      f"{len(r_out)} from the reference")
+    for name, k, r in zip(strategy.outputs, k_out, r_out):
+        if not isinstance(k, torch.Tensor) or k.shape != r.shape:
+            got = tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
+            return _crash(case, strategy, f"output {name!r}: kernel gave {got}, reference {tuple(r.shape)}")
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
-    scales = strategy.scales(case, exact, model)
+    prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
+    scales = strategy.scales(prepared, exact, contract)
+    measured = strategy.errors(prepared, exact, k_out, r_out) if strategy.errors else None
     findings = []
-    for name, core, k, r, b in zip(strategy.outputs, strategy.core_dims, k_out, r_out, scales):
-        if k.shape != r.shape:
-            raise AssertionError(f"output {name!r}: kernel shape {tuple(k.shape)} != reference {tuple(r.shape)}")
+    for idx, (name, core, k, r, b) in enumerate(zip(strategy.outputs, strategy.core_dims, k_out, r_out, scales)):
         dims = tuple(range(-core, 0))
         k64, r64 = k.to(torch.float64), r.to(torch.float64)
-        err = torch.linalg.vector_norm(k64 - r64, dim=dims) if core else (k64 - r64).abs()
-        out_round = unit_roundoff(k.dtype) * torch.linalg.vector_norm(k64, dim=dims)  # one rounding of the result
+        if measured is None:
+            err = torch.linalg.vector_norm(k64 - r64, dim=dims) if core else (k64 - r64).abs()
+            out_round = unit_roundoff(k.dtype) * (torch.linalg.vector_norm(k64, dim=dims) if core else k64.abs())
+            size = torch.linalg.vector_norm(r64, dim=dims) if core else r64.abs()
+        else:
+            err, out_round = measured[idx]
+            size = _measured_size(prepared, exact, idx, err)
         bound = torch.broadcast_to(b.to(err.device), err.shape) + out_round
+        # a NaN bound (e.g. gamma_n with n u >= 1 times 0) is no bound: vacuous, never a failure
+        bound = torch.nan_to_num(bound, nan=math.inf)
         # an exact match passes even where the bound is 0 (e.g. dH of r = 0 steps); NaN fails
         ratio = torch.where(err == 0, torch.zeros_like(err), err / bound).reshape(-1)
         ratio = torch.where(torch.isnan(ratio), torch.full_like(ratio, math.inf), ratio)
         if ratio.numel() == 0:
             continue
+        ref_norm = size.reshape(-1)
+        vac = (bound.reshape(-1) >= ref_norm) & (ref_norm > 0)
         j = int(torch.argmax(ratio))
-        ref_norm = torch.linalg.vector_norm(r64, dim=dims) if core else r64.abs()
-        findings.append(Finding(float(ratio[j]), name, j, float(err.reshape(-1)[j]), float(bound.reshape(-1)[j]),
-                                case.label, float(ref_norm.reshape(-1)[j])))
+        f = Finding(float(ratio[j]), name, j, float(err.reshape(-1)[j]), float(bound.reshape(-1)[j]), case.label,
+                    float(ref_norm[j]), vacuous=bool(vac.any()))
+        if f.failed:
+            f.snippet = case.snippet()
+        findings.append(f)
     return findings
 
 
-def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16", model: str = "float32",
-          examples: Optional[int] = None, device=None, poison: bool = True, shrink: bool = True) -> Report:
-    """Run the property check; never raises for a failing kernel (see the Report).
+def _measured_size(case: Case, exact: dict, idx: int, err: torch.Tensor) -> torch.Tensor:
+    """What a measured error (``Strategy.errors``) is compared with for vacuity: for CG, ``||x*||_A``."""
+    H, q = exact["H"], exact["q"]
+    xs = torch.linalg.solve(H, q.unsqueeze(-1)).squeeze(-1)
+    return torch.sqrt((xs * q).sum(-1)).to(err.device)
 
-    ``examples``: hypothesis max_examples (default: the loaded profile's); ``shrink=False``
-    reports the first failing case as drawn (fast, for tests of deliberately broken kernels).
+
+def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16", model="float32",
+          examples: Optional[int] = None, device=None, poison: bool = True, shrink: bool = True,
+          seed: Optional[int] = None, prepare: Optional[Callable] = None, progress: bool = False) -> Report:
+    """Run the property check; never raises for the kernel (see the :class:`Report`).
+
+    ``model``: the kernel's contract (``solvers.contracts.parse`` names, a Contract, or an Arith);
+    ``examples``: hypothesis max_examples (default: the loaded profile's); ``shrink=False`` reports
+    the first failing case as drawn; ``seed``: draw cases from this seed (default: the profile's
+    behaviour: derandomised under ``ci``); ``prepare``: fair pairing hook (:func:`run_case`);
+    ``progress``: a line on stderr every few seconds.
     """
-    dtype = PRECISIONS[precision]
-    arith = by_label(model)
+    dtype = PRECISIONS[precision] if isinstance(precision, str) else precision
+    contract = as_contract(model)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rep = Report(_name(kernel), _name(reference), strategy.name, precision, model)
-    state = {"last_failure": None}
+    rep = Report(_name(kernel), _name(reference), strategy.name, str(dtype).replace("torch.", ""), contract.name,
+                 shrunk=shrink, seed=seed)
+    state = {"last_failure": None, "vacuous": set(), "t0": time.perf_counter(), "shown": time.perf_counter()}
 
     def prop(case):
         rep.examples += 1
         ctx = nan_poisoned_empty() if poison else contextlib.nullcontext()
         with ctx:
-            found = run_case(kernel, reference, strategy, case, precision=dtype, model=arith, device=device)
+            found = run_case(kernel, reference, strategy, case, precision=dtype, model=contract, device=device,
+                             prepare=prepare)
         for f in found:
             rep.history.append(f)
-            if rep.worst is None or f.ratio > rep.worst.ratio:
+            # the worst finding shown is the worst conclusive one (or a failure); a vacuous
+            # bound's ratio says nothing about the kernel
+            w = rep.worst
+            if (w is None or (w.vacuous and not w.failed and (not f.vacuous or f.ratio > w.ratio))
+                    or ((not f.vacuous or f.failed) and f.ratio > w.ratio)):
                 rep.worst = f
-        bad = [f for f in found if not f.ratio <= 1.0]
+            if f.vacuous:
+                state["vacuous"].add(case.label)
+        now = time.perf_counter()
+        if progress and now - state["shown"] > 3.0:
+            state["shown"] = now
+            print(f"  [harness] {rep.examples} cases in {now - state['t0']:.0f} s, worst ratio "
+                  f"{rep.worst.ratio if rep.worst else float('nan'):.4g}", file=sys.stderr, flush=True)
+        bad = [f for f in found if f.failed]
         if bad:
             state["last_failure"] = max(bad, key=lambda f: f.ratio)
             raise AssertionError(str(state["last_failure"]))
 
     run = given(strategy.cases)(prop)
-    overrides = {"report_multiple_bugs": False, "deadline": None}  # first calls compile kernels
+    overrides = {"report_multiple_bugs": False, "deadline": None, "database": None,
+                 "suppress_health_check": list(HealthCheck)}
     if examples is not None:
         overrides["max_examples"] = examples
+    if seed is not None:
+        overrides["derandomize"] = False
+        run = hypothesis_seed(seed)(run)
     if not shrink:
         overrides["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     run = settings(**overrides)(run)
@@ -542,16 +863,18 @@ def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16",
     except AssertionError:
         rep.failure = state["last_failure"]
         if rep.failure is None:
-            raise
-    except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding, reported
+            rep.error = "AssertionError outside the property (see the traceback with pytest)"
+    except Exception as e:  # noqa: BLE001 - a failure of the strategy or reference is reported, not raised
         rep.error = f"{type(e).__name__}: {e}"
+    rep.vacuous_cases = len(state["vacuous"])
     return rep
 
 
-def assert_matches(kernel, reference, strategy: Strategy, **kw) -> Report:
-    """:func:`check`, raising AssertionError with the report when any output exceeds its bound."""
+def assert_matches(kernel, reference, strategy: Strategy, *, conclusive: bool = False, **kw) -> Report:
+    """:func:`check`, raising AssertionError with the report on FAIL (and, with ``conclusive``,
+    on INCONCLUSIVE too)."""
     rep = check(kernel, reference, strategy, **kw)
-    if not rep.passed:
+    if rep.verdict == FAIL or (conclusive and rep.verdict != PASS):
         raise AssertionError(str(rep))
     return rep
 
@@ -560,37 +883,82 @@ def _name(fn) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
+class UsageError(ValueError):
+    """A bad command-line argument (exit status 2)."""
+
+
 def load(spec: str):
-    """``"package.module:function"`` -> the function."""
-    mod, _, attr = spec.partition(":")
-    if not attr:
-        raise ValueError(f"expected module:function, got {spec!r}")
-    obj = importlib.import_module(mod)
+    """``"package.module:function"`` -> the function; UsageError naming what is wrong."""
+    mod, sep, attr = spec.partition(":")
+    if not sep or not mod or not attr:
+        raise UsageError(f"expected module:function, got {spec!r}")
+    try:
+        obj = importlib.import_module(mod)
+    except Exception as e:  # noqa: BLE001 - any import failure is the user's module, reported in one line
+        raise UsageError(f"cannot import module {mod!r} of {spec!r}: {type(e).__name__}: {e}") from None
     for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"module {mod!r} has no attribute {attr!r} (from {spec!r})")
         obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{spec!r} is not callable")
     return obj
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kernels.harness", description=__doc__.splitlines()[0])
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m kernels.harness", description=__doc__.splitlines()[0],
+                                 epilog="exit status: 0 PASS, 1 FAIL, 2 usage or import error, 3 INCONCLUSIVE")
     ap.add_argument("kernel", help="module:function of the kernel under test")
     ap.add_argument("reference", help="module:function of the reference it should match")
     ap.add_argument("--strategy", choices=sorted(STRATEGIES), required=True)
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="bfloat16", help="kernel input dtype")
-    ap.add_argument("--model", default="float32", help="the kernel's arithmetic: float32 | bfloat16/storage | ...")
-    ap.add_argument("--examples", type=int, default=50)
-    ap.add_argument("--max-d", type=int, default=16)
-    ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--model", default="float32",
+                    help=f"the kernel's precision contract: one of {', '.join(sorted(PRESETS))}, optionally with "
+                         "';key=value' changes (solvers.contracts.parse)")
+    ap.add_argument("--examples", type=_positive, default=50, help="cases to draw (at least 1)")
+    ap.add_argument("--seed", type=int, default=None, help="draw cases from this seed (default: derandomised)")
+    ap.add_argument("--max-d", type=_positive, default=16)
+    ap.add_argument("--max-batch", type=_positive, default=4)
+    ap.add_argument("--max-kappa", type=float, default=None, help="spd strategies: largest condition number")
+    ap.add_argument("--pow2", action="store_true", help="draw only power-of-two D (kernels that do not pad)")
+    ap.add_argument("--prepare", default=None, help="module:function fair-pairing hook (kernels.harness:kla_prepare)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn")
+    ap.add_argument("--no-shrink", action="store_true", help="report the first failing case as drawn, unshrunk")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
+    try:
+        contract = as_contract(args.model)
+        kernel, reference = load(args.kernel), load(args.reference)
+        prepare = load(args.prepare) if args.prepare else None
+    except (UsageError, ValueError, TypeError) as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
+    if args.pow2 and args.strategy != "kla":
+        sizes["pow2"] = True
+    if args.max_kappa is not None and args.strategy in ("spd", "spd_nobounds", "spd_backward"):
+        sizes["max_kappa"] = args.max_kappa
     strat = STRATEGIES[args.strategy](precision=PRECISIONS[args.precision], device=device, **sizes)
-    rep = check(load(args.kernel), load(args.reference), strat, precision=args.precision, model=args.model,
-                examples=args.examples, device=device, shrink=not args.no_shrink)
+    seed = args.seed
+    rep = check(kernel, reference, strat, precision=args.precision, model=contract, examples=args.examples,
+                device=device, shrink=not args.no_shrink, seed=seed, prepare=prepare, progress=True)
     print(rep)
-    return 0 if rep.passed else 1
+    return rep.exit_code
 
 
 if __name__ == "__main__":

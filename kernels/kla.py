@@ -43,6 +43,10 @@ dimension is a ``tl.dot`` accumulated in float32, whose *operands* are
 Everything else -- beta, the decays, L, the inverse, the state, all accumulations -- is float32.
 ``analysis.kla_kernel_bounds.kla_kernel_bound`` bounds the result's rounding error in each
 model, step by step as written here.
+
+Contract: float32 inputs: ``float32`` (``input_precision="ieee"``); bfloat16 inputs: ``bfloat16/operands``
+(chunk GEMM operands rounded to bf16, state and accumulation float32, as flash-linear-attention);
+``input_precision`` "tf32x3" / "tf32" / "bf16" selects ``tf32x3`` / ``tf32`` / ``bfloat16/operands``.
 """
 
 from __future__ import annotations

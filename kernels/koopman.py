@@ -19,6 +19,8 @@ factor fewer. Products are ``tl.dot`` with ``input_precision`` "ieee" (default: 
 accuracy), "tf32x3" or "tf32"; inputs float32 or bfloat16 (widened exactly), the result rounded
 once to ``out_dtype``. So a bfloat16 kernel is float32 arithmetic on the bf16 statistics:
 compare it with the reference run in float32 on their float32 copies.
+
+Contract: ``float32`` (``input_precision="ieee"``); "tf32x3" / "tf32" select ``tf32x3`` / ``tf32``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Iterable, Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
-from . import registry, replay
+from . import contract_route, registry, replay
 from .claim import (ALL_PRECISIONS, CORRECTED, ERROR, EXTENSION, FAILS, HOLDS, PENDING, PRINTED, Claim,
                     Measurement, Pending, Result)
 
@@ -57,19 +57,25 @@ def _worse(a: Measurement, b: Optional[Measurement]) -> bool:
 def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES, deterministic: bool = True,
               impl: Optional[Mapping] = None, shrink: bool = True, record: Optional[list] = None) -> Result:
     """Search one claim in one precision. ``impl`` replaces ``claim.implementation()``
-    (how :mod:`proofs_check.broken` injects a broken implementation). ``record``: a list that
-    receives ``(case, passed)`` for every call of the check, in order (:mod:`proofs_check.replay`)."""
+    (how :mod:`proofs_check.broken` injects a broken implementation); such a run is held to the
+    precision's contract bound where one exists and reports ``inconclusive`` instead of
+    ``holds`` when a case's bound is vacuous (:mod:`proofs_check.contract_route`). ``record``: a
+    list that receives ``(case, passed)`` for every call of the check, in order
+    (:mod:`proofs_check.replay`)."""
     start = time.perf_counter()
     try:
         implementation = claim.implementation() if impl is None else impl
     except Pending as exc:
         return Result(claim, precision, 0, None, PENDING, message=str(exc), seconds=time.perf_counter() - start)
-    state = {"tried": 0, "worst": None, "fail": None}
+    state = {"tried": 0, "worst": None, "fail": None, "vacuous": 0}
+    # an implementation under test is held to its precision's contract (proofs_check.contract_route)
+    check = claim.check if impl is None else contract_route.tightened(claim, precision)
 
     def body(case):
         state["tried"] += 1
         snapshot = copy.deepcopy(case) if record is not None else None
-        m = claim.check(case, implementation, precision)
+        m = check(case, implementation, precision)
+        state["vacuous"] += contract_route.vacuous(m)
         if record is not None:
             record.append((snapshot, m.ok))
         if _worse(m, state["worst"]):
@@ -94,13 +100,16 @@ def run_claim(claim: Claim, precision: str, *, examples: int = DEFAULT_EXAMPLES,
         state["worst"] = m
     except Exception as exc:  # a defect of the check or of the reference it calls
         verdict, message = ERROR, f"{type(exc).__name__}: {exc}"
+    if verdict == HOLDS and state["vacuous"]:
+        verdict = contract_route.INCONCLUSIVE
+        message = f"{state['vacuous']} of {state['tried']} cases had a vacuous bound (relative bound >= 1)"
     return Result(claim, precision, state["tried"], state["worst"], verdict, counterexample, message,
                   time.perf_counter() - start)
 
 
 def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, examples: int = DEFAULT_EXAMPLES,
         precisions: Optional[Iterable[str]] = None, deterministic: bool = True, shrink: bool = True,
-        progress=None, jobs: int = 1, cache: bool = True) -> list:
+        progress=None, jobs: int = 1, cache: bool = True, impl: Optional[Mapping] = None) -> list:
     """Run the selected claims; one :class:`Result` per (claim, precision), in catalogue order.
 
     ``precisions``: restrict to these labels (each claim runs in those it supports); by
@@ -118,6 +127,14 @@ def run(paper: Optional[str] = None, claims: Optional[Iterable[str]] = None, *, 
             raise ValueError(f"unknown precision(s) {bad}; expected some of {list(ALL_PRECISIONS)}")
     pairs = [(claim, p) for claim in registry.all_claims(paper, claims) for p in claim.precisions
              if wanted is None or p in wanted]
+    if impl is not None:  # an implementation under test: searched afresh, in this process
+        results = []
+        for claim, p in pairs:
+            results.append(run_claim(claim, p, examples=examples, deterministic=deterministic, shrink=shrink,
+                                     impl=impl))
+            if progress is not None:
+                progress(results[-1])
+        return results
     from .parallel import run_pairs
 
     return run_pairs(pairs, examples=examples, deterministic=deterministic, shrink=shrink, jobs=jobs, cache=cache,
@@ -242,6 +259,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                         "proofs_check/measured.json from the catalogue")
     p.add_argument("--timings", nargs="?", const=15, type=_positive_int, metavar="N",
                    help="after the table, list the N slowest claim x precision runs (default 15)")
+    p.add_argument("--impl", metavar="MODULE:NAME",
+                   help="implementation under test: a mapping (or a function returning one) of the names the "
+                        "claims' checks call, held to each precision's contract bound")
     return p
 
 
@@ -252,6 +272,23 @@ def format_timings(results: list, n: int) -> str:
     lines += [f"  {r.seconds:6.2f} s  {r.claim.id} [{r.precision}] ({r.tried} cases"
               f"{', replayed' if r.extra.get('replayed') else ''})" for r in slow]
     return "\n".join(lines)
+
+
+def _load_impl(spec: str) -> Mapping:
+    """``module:name`` -> the mapping it names (or that the zero-argument function returns)."""
+    import importlib
+
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ValueError(f"expected module:name, got {spec!r}")
+    try:
+        obj = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"cannot load {spec!r}: {exc}") from None
+    obj = obj() if callable(obj) and not isinstance(obj, Mapping) else obj
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{spec!r} is not a mapping of names to functions")
+    return obj
 
 
 def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -> int:
@@ -275,9 +312,16 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         print(f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s){flag}",
               file=sys.stderr, flush=True)
 
+    impl = None
+    if args.impl:
+        try:
+            impl = _load_impl(args.impl)
+        except ValueError as exc:
+            print(f"{prog}: error: argument --impl: {exc}", file=sys.stderr)
+            return 2
     results = run(args.paper, args.claim, examples=args.examples, precisions=args.precision,
                   deterministic=not args.random, shrink=not args.no_shrink, progress=progress, jobs=args.jobs,
-                  cache=not args.no_cache)
+                  cache=not args.no_cache, impl=impl)
     print(format_table(results))
     if args.write_docs:
         from . import docs

@@ -8,6 +8,7 @@ history record (``return_info=True``) with a :class:`Status`.
 __version__ = "0.1.0"  # the one place the version is set (pyproject.toml reads it)
 
 from ._arith import Arith, unit_roundoff
+from .contracts import Contract, of_reference as contract_of_reference, parse as parse_contract
 from ._info import SolveInfo, Status
 from .cg import cg
 from .chebyshev import chebyshev, chebyshev_weights
@@ -48,6 +49,9 @@ from .koopman import (
 from .ridge import Fig1aProblems, RidgeSystem, fig1a_problems, gka_ridge
 
 __all__ = [
+    "Contract",
+    "contract_of_reference",
+    "parse_contract",
     "GATES",
     "BalancedGate",
     "GKAGrads",

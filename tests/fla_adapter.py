@@ -1,13 +1,22 @@
-"""flash-linear-attention's chunk_gated_delta_rule run as KLA (a kernel that is not ours),
-for the harness example in docs/harness.md.
+"""flash-linear-attention kernels (not ours) behind our references' signatures, for the harness
+examples in docs/harness.md.
 
-KLA's token update (KLA Algorithm 1) is the gated delta rule with the Kaczmarz coefficient
-``beta_t = eta_t / (||k_t||^2 + eps)`` (eq. (3)) and decay ``exp(g_t) = alpha_t``; its
-readout normalises the query. ``kla_via_fla`` takes solvers.kla_chunkwise's arguments
-(per-head decay, fla's layout ``(B, T, H, d)``) and returns ``(o, S_T)`` with S_T
-``(B, H, d_k, d_v)``, as the reference does.
+* :func:`kla_via_fla`: ``chunk_gated_delta_rule`` as KLA. KLA's token update (KLA Algorithm 1)
+  is the gated delta rule with the Kaczmarz coefficient ``beta_t = eta_t / (||k_t||^2 + eps)``
+  (eq. (3)) and decay ``exp(g_t) = alpha_t``; fla takes beta and the (normalised) query in the
+  input dtype. Run it with ``prepare=kernels.harness.kla_prepare`` so that the reference gets the
+  same rounded beta and q_hat (fair pairing): with ``normalize_queries=False`` the query is
+  passed through as given.
+* :func:`mesa_cg_decoding` / :func:`mesa_cg_chunk`: fla's MesaNet conjugate gradients
+  (``fla.ops.mesa_net``) wrapped to solve ``H x = q`` in ``iters`` steps, as ``solvers.cg``:
+  the state ``h_kk`` is H (no new token: beta = 0, no decay), ``h_kv = I`` so the readout is x,
+  lambda = 0. The decoding path starts from the Jacobi guess ``q / (diag(H) + 1e-5)`` and
+  multiplies in fp32 on the CUDA cores (contract ``float32``); the chunked path starts from 0
+  and multiplies with ``tl.dot`` on bf16-rounded operands (contract ``bfloat16/operands``),
+  head dimension padded to 64 with an identity block (which CG never touches: its residual
+  stays 0 there). Both add 1e-5 to the denominators of alpha and beta.
 
-    python3 tests/fla_adapter.py      # smoke run on a GPU with fla installed
+    python3 tests/fla_adapter.py      # smoke run on a GPU (or TRITON_INTERPRET=1) with fla installed
 """
 
 import torch
@@ -17,32 +26,87 @@ def kla_via_fla(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64,
                 coefficient: str = "kaczmarz", normalize_queries: bool = True, return_final_state: bool = True):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    if coefficient != "kaczmarz" or not normalize_queries or chunk_size != 64:
-        raise ValueError("the adapter covers KLA: coefficient='kaczmarz', normalised queries, fla's chunk of 64")
+    if coefficient != "kaczmarz" or chunk_size != 64:
+        raise ValueError("the adapter covers KLA: coefficient='kaczmarz', fla's chunk of 64")
     alpha = torch.as_tensor(alpha, dtype=torch.float32, device=q.device).expand(q.shape[:-1])
     eta = torch.as_tensor(eta, dtype=torch.float32, device=q.device).expand(q.shape[:-1])
     beta = eta / (k.float().pow(2).sum(-1) + eps)
-    qn = (q.float() / q.float().norm(dim=-1, keepdim=True)).to(q.dtype)
+    qn = (q.float() / q.float().norm(dim=-1, keepdim=True)).to(q.dtype) if normalize_queries else q
     o, S = chunk_gated_delta_rule(qn, k, v, g=torch.log(alpha), beta=beta.to(q.dtype), scale=1.0,
                                   initial_state=initial_state, output_final_state=True)
     return (o, S.to(q.dtype)) if return_final_state else o
 
 
+def _flat(H, q):
+    batch = torch.broadcast_shapes(H.shape[:-2], q.shape[:-1])
+    D = H.shape[-1]
+    return batch, H.expand(*batch, D, D).reshape(-1, D, D), q.expand(*batch, D).reshape(-1, D)
+
+
+def mesa_cg_decoding(H, q, *, iters: int):
+    """``iters`` CG steps on ``H x = q`` by ``fla.ops.mesa_net.mesa_net_decoding_one_step``."""
+    from fla.ops.mesa_net import mesa_net_decoding_one_step
+
+    batch, H2, q2 = _flat(H, q)
+    N, D = q2.shape
+    dev, dt = q.device, q.dtype
+    zeros = torch.zeros(N, 1, D, device=dev, dtype=dt)
+    eye = torch.eye(D, device=dev, dtype=torch.float32).expand(N, 1, D, D).contiguous()
+    o = mesa_net_decoding_one_step(q2.unsqueeze(1).contiguous(), zeros, zeros, torch.zeros(N, 1, device=dev),
+                                   torch.zeros(1, D, device=dev), torch.zeros(N, 1, device=dev),
+                                   H2.unsqueeze(1).float().contiguous(), eye, max_CG_iteration=iters)
+    o = o[0] if isinstance(o, tuple) else o
+    return o.reshape(*batch, D).to(dt)
+
+
+def mesa_cg_chunk(H, q, *, iters: int):
+    """``iters`` CG steps on ``H x = q`` by ``fla.ops.mesa_net.chunk_mesa_net`` (one chunk of 64
+    tokens, all with query q and beta = 0, so every token solves the same system; token 0's
+    output is returned)."""
+    from fla.ops.mesa_net import chunk_mesa_net
+
+    batch, H2, q2 = _flat(H, q)
+    N, D = q2.shape
+    if D > 64:
+        raise ValueError(f"the chunked MesaNet adapter takes D <= 64, got {D}")
+    K, T = 64, 64
+    dev, dt = q.device, q.dtype
+    Hp = torch.eye(K, device=dev, dtype=torch.float32).repeat(N, 1, 1)
+    Hp[:, :D, :D] = H2.float()
+    qp = torch.zeros(N, T, 1, K, device=dev, dtype=dt)
+    qp[..., :D] = q2[:, None, None, :]
+    zeros = torch.zeros(N, T, 1, K, device=dev, dtype=dt)
+    eye = torch.eye(K, device=dev, dtype=torch.float32).expand(N, 1, K, K).contiguous()
+    out = chunk_mesa_net(qp, zeros, zeros, torch.zeros(N, T, 1, device=dev), torch.zeros(N, T, 1, device=dev),
+                         torch.zeros(1, K, device=dev), h_kk_init=Hp.unsqueeze(1).contiguous(), h_kv_init=eye,
+                         max_CG_iteration=iters)
+    o = out[0] if isinstance(out, tuple) else out
+    return o[:, 0, 0, :D].reshape(*batch, D).to(dt)
+
+
 def main():
     import solvers
 
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     B, T, H, dk, dv = 2, 300, 2, 64, 64
-    q = torch.randn(B, T, H, dk, device="cuda").bfloat16()
-    k = torch.randn(B, T, H, dk, device="cuda").bfloat16()
-    v = torch.randn(B, T, H, dv, device="cuda").bfloat16()
-    alpha = torch.rand(B, T, H, device="cuda") * 0.1 + 0.9
-    eta = torch.rand(B, T, H, device="cuda") + 0.5
+    q = torch.randn(B, T, H, dk, device=dev).bfloat16()
+    k = torch.randn(B, T, H, dk, device=dev).bfloat16()
+    v = torch.randn(B, T, H, dv, device=dev).bfloat16()
+    alpha = torch.rand(B, T, H, device=dev) * 0.1 + 0.9
+    eta = torch.rand(B, T, H, device=dev) + 0.5
     o, S = kla_via_fla(q, k, v, alpha=alpha, eta=eta)
     ro, rS = solvers.kla_recurrent(q.float(), k.float(), v.float(), alpha=alpha, eta=eta)
     print("fla chunk_gated_delta_rule as KLA vs solvers.kla_recurrent (float32 on the bf16 inputs):")
     print(f"  o: rel err {float((o.float() - ro).norm() / ro.norm()):.3e}   S_T: rel err "
-          f"{float((S.float() - rS).norm() / rS.norm()):.3e}   shapes {tuple(o.shape)} {tuple(S.shape)}")
+          f"{float((S.float() - rS).norm() / rS.norm()):.3e}")
+    A = torch.randn(3, 16, 16, device=dev, dtype=torch.float64)
+    A = (A @ A.transpose(-1, -2) / 16 + 0.1 * torch.eye(16, device=dev)).float()
+    b = torch.randn(3, 16, device=dev)
+    ref = solvers.cg(A, b, iters=16)
+    for f in (mesa_cg_decoding, mesa_cg_chunk):
+        x = f(A, b, iters=16)
+        print(f"  {f.__name__}: rel diff to solvers.cg {float((x - ref).norm() / ref.norm()):.3e}")
 
 
 if __name__ == "__main__":

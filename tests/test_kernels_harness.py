@@ -26,10 +26,10 @@ def test_cli_passes_a_kernel_and_fails_a_broken_one(capsys):
     args = ["--strategy", "spd", "--precision", "bfloat16", "--examples", "4", "--max-d", "8",
             "--max-batch", "2", "--device", DEVICE]
     assert harness.main(["kernels:chebyshev", "solvers:chebyshev", *args]) == 0
-    assert "PASSED" in capsys.readouterr().out
+    assert "PASS:" in capsys.readouterr().out
     assert harness.main(["test_kernels_harness:doubled", "solvers:chebyshev", *args, "--no-shrink"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED" in out and "counterexample" in out and "ratio" in out
+    assert "FAIL" in out and "first failing case" in out and "ratio" in out
 
 
 def test_report_names_an_exception():
@@ -37,7 +37,7 @@ def test_report_names_an_exception():
         raise RuntimeError("kernel launch failed")
 
     rep = harness.check(crashes, solvers.chebyshev, harness.spd(max_d=4, max_batch=1), examples=2, device=DEVICE)
-    assert not rep.passed and "kernel launch failed" in rep.error
+    assert rep.verdict == harness.FAIL and "kernel launch failed" in str(rep.failure)
 
 
 def test_kla_strategy_bounds_the_reference_in_bf16():
@@ -57,3 +57,106 @@ def test_kla_strategy_catches_a_scaled_readout():
     rep = harness.check(scaled, solvers.kla_chunkwise, strat, precision="bfloat16", model="bfloat16/storage",
                         examples=5, device="cpu", shrink=False)
     assert not rep.passed
+
+
+# ------------------------------------------------------------------ usability (CPU, no Triton)
+
+import hypothesis  # noqa: E402
+import pytest  # noqa: E402
+from hypothesis import given  # noqa: E402
+
+from kernels import emulate  # noqa: E402
+
+CLI = ["--strategy", "spd", "--examples", "6", "--max-d", "4", "--max-batch", "2", "--device", "cpu", "--seed", "0"]
+
+
+def half_iterations(H, q, *, L, mu, iters):
+    return emulate.chebyshev(H, q, L=L, mu=mu, iters=iters, broken="half")
+
+
+def wrong_shape(H, q, **kw):
+    return q[..., :1]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["no_such_module_xyz:f", "solvers:chebyshev"], "cannot import module 'no_such_module_xyz'"),
+    (["solvers:no_such_function", "solvers:chebyshev"], "has no attribute 'no_such_function'"),
+    (["solvers.chebyshev", "solvers:chebyshev"], "expected module:function"),
+    (["kernels.emulate:chebyshev", "solvers:chebyshev", "--model", "bfloat16/bogus"], "unknown contract"),
+    (["kernels.emulate:chebyshev", "solvers:chebyshev", "--examples", "0"], "--examples"),
+])
+def test_cli_usage_errors_exit_2_with_one_line(argv, needle, capsys):
+    args = argv + [a for a in CLI if argv.count("--examples") == 0 or a not in ("--examples", "6")]
+    with pytest.raises(SystemExit) if "--examples" in argv else _nullcontext() as exc:
+        code = harness.main(args)
+    code = exc.value.code if "--examples" in argv else code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert needle in err[-1], err
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_cli_exit_codes_pass_fail_inconclusive(capsys):
+    assert harness.main(["kernels.emulate:chebyshev", "solvers:chebyshev", *CLI, "--model", "bfloat16/operands",
+                         "--max-kappa", "20"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert harness.main(["test_kernels_harness:half_iterations", "solvers:chebyshev", *CLI, "--model",
+                         "bfloat16/operands", "--no-shrink"]) == 1
+    out = capsys.readouterr().out
+    assert "first failing case (not shrunk)" in out and "shrunk counterexample" not in out
+    assert "case = spd_case(" in out  # the paste-able snippet
+    # CG at r = 0 can only be vacuous: ||x_0 - x*||_A = ||x*||_A
+    assert harness.main(["kernels.emulate:cg", "solvers:cg", "--strategy", "spd_nobounds", "--examples", "3",
+                         "--max-d", "4", "--device", "cpu", "--seed", "0", "--model", "bfloat16/operands"]) in (0, 3)
+
+
+def test_crash_and_wrong_shape_are_findings_with_their_case():
+    def crashes(H, q, **kw):
+        raise RuntimeError("boom")
+
+    for fn, needle in ((crashes, "kernel raised RuntimeError: boom"), (wrong_shape, "output 'x': kernel gave")):
+        rep = harness.check(fn, solvers.chebyshev, harness.spd(max_d=4, max_batch=1), examples=3, device="cpu",
+                            shrink=False, seed=1)
+        assert rep.verdict == harness.FAIL and needle in str(rep) and "case = spd_case(" in str(rep), str(rep)
+
+
+def test_snippet_rebuilds_the_case_exactly():
+    case = harness.spd_case(5, (2,), 51.123456789012345, iters=7, seed=3, per_system=False)
+    ns = {}
+    exec(case.snippet(), ns)
+    again = ns["case"]
+    assert repr(51.123456789012345) in case.snippet()  # full precision
+    assert all(torch.equal(case.inputs[k], again.inputs[k]) for k in case.inputs)
+    assert case.options == again.options
+
+
+def test_seed_reproduces_and_varies_the_cases():
+    def labels(seed):
+        rep = harness.check(emulate.bind(emulate.chebyshev, "float32"), solvers.chebyshev,
+                            harness.spd(max_d=4, max_batch=1), model="float32", examples=5, device="cpu", seed=seed)
+        return [f.case for f in rep.history]
+
+    assert labels(7) == labels(7) and labels(7) != labels(8)
+
+
+def test_strategies_are_composable_hypothesis_strategies():
+    seen = []
+
+    @hypothesis.settings(max_examples=5, database=None, derandomize=True)
+    @given(harness.spd(max_d=64, pow2=True, unit_q=True, min_lambda=1e-2).map(lambda c: c.inputs))
+    def prop(inputs):
+        D = inputs["q"].shape[-1]
+        assert D & (D - 1) == 0
+        assert torch.allclose(inputs["q"].norm(dim=-1), torch.ones(()).double())
+        assert float(torch.linalg.eigvalsh(inputs["H"])[..., 0].min()) >= 1e-2 * (1 - 1e-9)
+        seen.append(D)
+
+    prop()
+    assert seen

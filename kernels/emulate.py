@@ -1,0 +1,201 @@
+"""Plain-PyTorch emulations of precision contracts: what a kernel honouring a contract computes.
+
+Each function runs one algorithm with the roundings its :class:`solvers.contracts.Contract`
+declares, and nothing else: operands of every product rounded to ``contract.operands`` (bf16:
+``x.to(bfloat16)`` before ``H x``, as GKA's chunked Chebyshev kernel and fla's MesaNet CG do;
+tf32 and tf32x3 by rounding the significand), sums and updates in ``contract.accumulate``, the
+intermediates named in ``contract.stored`` rounded to ``contract.storage`` when stored. The
+harness's own tests hold them to their contracts' bounds (tests/test_harness_matrix.py) and
+catch deliberately broken variants (``broken=``) under every contract.
+
+Signatures follow the references: ``chebyshev(H, q, *, L, mu, iters, contract)``, ``gd``,
+``agd``, ``cg(H, q, *, iters, contract)``, ``gka_ridge(H, q, *, a, iters, contract)``,
+``kla(q, k, v, *, alpha, eta, eps, chunk_size, contract)``; :func:`bind` fixes the contract.
+
+Broken variants (``broken=``): ``"half"`` (half the iterations), ``"scaled"`` (output x 0.9),
+``"omega0"`` (Chebyshev with omega_0 = 1 instead of 2), ``"fro_squared"`` (ridge lambda =
+a ||H||_F^2), ``"no_key_norm"`` (KLA with beta = eta, no 1/||k||^2).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from solvers.contracts import Contract, parse
+
+_F32 = torch.float32
+BROKEN = ("half", "scaled", "omega0", "fro_squared", "no_key_norm")
+
+
+def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round float32 values to ``bits`` explicit significand bits (round to nearest even): tf32
+    keeps 10, bf16 7."""
+    x = x.to(_F32).contiguous()
+    drop = 23 - bits
+    i = x.view(torch.int32)
+    half = (1 << (drop - 1)) - 1
+    lsb = (i >> drop) & 1
+    r = ((i + half + lsb) >> drop) << drop
+    return torch.where(torch.isfinite(x), r.view(_F32), x)
+
+
+class _Arith:
+    """The roundings of one contract on float32 tensors."""
+
+    def __init__(self, contract: Contract):
+        self.c = parse(contract)
+        self.acc = self.c.accumulate if self.c.accumulate != torch.bfloat16 else _F32
+
+    def operand(self, x):
+        op = self.c.operands
+        if op == "bf16":
+            return x.to(torch.bfloat16).to(self.acc)
+        if op == "tf32":
+            return round_significand(x, 10).to(self.acc)
+        if op == "tf32x3":  # hi + lo in tf32, the lo*lo product dropped: about 2^-22 relative
+            hi = round_significand(x, 10)
+            lo = round_significand(x.to(_F32) - hi, 10)
+            return (hi + lo).to(self.acc)
+        return x.to(self.acc)
+
+    def acc_round(self, x):
+        """Strict bf16 contracts round every elementwise result to bf16."""
+        return x.to(torch.bfloat16).to(self.acc) if self.c.accumulate == torch.bfloat16 else x
+
+    def store(self, what: str, x):
+        return x.to(self.c.storage).to(self.acc) if self.c.stores(what) else x
+
+    def matvec(self, H, x):
+        return self.acc_round((self.operand(H) @ self.operand(x).unsqueeze(-1)).squeeze(-1))
+
+    def dot(self, x, y):
+        return self.acc_round((self.operand(x) * self.operand(y)).sum(-1))
+
+    def scalar(self, v, like):
+        return torch.as_tensor(v, dtype=torch.float64, device=like.device).to(self.acc)
+
+
+def _out(x, like, broken):
+    x = x * 0.9 if broken == "scaled" else x
+    return x.to(like.dtype)
+
+
+def _steps(iters: int, broken) -> int:
+    return iters // 2 if broken == "half" else iters
+
+
+def chebyshev(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None, shift=None):
+    """GKA Algorithm 1 under ``contract`` (``shift``: solve ``(H + shift I) x = q``, the shift
+    applied as ``H x + shift x`` with x in the accumulation dtype)."""
+    ar = _Arith(contract)
+    Hc, qc = H.to(ar.acc), q.to(ar.acc)
+    L64 = torch.as_tensor(L, dtype=torch.float64, device=H.device)
+    mu64 = torch.as_tensor(mu, dtype=torch.float64, device=H.device)
+    step = ar.scalar(2.0 / (L64 + mu64), Hc).unsqueeze(-1)
+    rho2 = ar.scalar(((L64 - mu64) / (L64 + mu64)) ** 2, Hc)
+    lam = None if shift is None else ar.scalar(shift, Hc).unsqueeze(-1)
+    prev = torch.zeros_like(qc)
+    xi = ar.store("iterate", ar.acc_round(step * qc))
+    omega = torch.full_like(rho2, 1.0 if broken == "omega0" else 2.0)
+    for _ in range(_steps(iters, broken)):
+        omega = ar.acc_round(4.0 / (4.0 - rho2 * omega))
+        w = omega.unsqueeze(-1)
+        Hx = ar.matvec(Hc, xi) + (0 if lam is None else lam * xi)
+        g = ar.acc_round(Hx - qc)
+        new = ar.acc_round(xi - ar.acc_round(w * step) * g) + ar.acc_round((w - 1.0) * (xi - prev))
+        prev, xi = xi, ar.store("iterate", ar.acc_round(new))
+    return _out(xi, q, broken)
+
+
+def gd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
+    """Gradient descent, step 2/(L + mu), from 0."""
+    ar = _Arith(contract)
+    Hc, qc = H.to(ar.acc), q.to(ar.acc)
+    step = ar.scalar(2.0 / (torch.as_tensor(L, dtype=torch.float64) + torch.as_tensor(mu, dtype=torch.float64)),
+                     Hc).unsqueeze(-1)
+    x = torch.zeros_like(qc)
+    for _ in range(_steps(iters, broken)):
+        x = ar.store("iterate", ar.acc_round(x - step * ar.acc_round(ar.matvec(Hc, x) - qc)))
+    return _out(x, q, broken)
+
+
+def agd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
+    """Nesterov's method, step 1/L, momentum (sqrt(kappa) - 1)/(sqrt(kappa) + 1), from 0."""
+    ar = _Arith(contract)
+    Hc, qc = H.to(ar.acc), q.to(ar.acc)
+    L64, mu64 = torch.as_tensor(L, dtype=torch.float64), torch.as_tensor(mu, dtype=torch.float64)
+    sk = torch.sqrt(L64 / mu64)
+    step = ar.scalar(1.0 / L64, Hc).unsqueeze(-1)
+    beta = ar.scalar((sk - 1.0) / (sk + 1.0), Hc).unsqueeze(-1)
+    x = prev = torch.zeros_like(qc)
+    for _ in range(_steps(iters, broken)):
+        y = ar.store("iterate", ar.acc_round(x + beta * (x - prev)))
+        prev, x = x, ar.store("iterate", ar.acc_round(y - step * ar.acc_round(ar.matvec(Hc, y) - qc)))
+    return _out(x, q, broken)
+
+
+def cg(H, q, *, iters: int, contract="bfloat16/operands", broken=None):
+    """Conjugate gradients from 0 (Hestenes-Stiefel), operands of ``H p`` and of the inner
+    products rounded by the contract (fla's MesaNet CG: bf16); a system whose ``p^T H p`` or
+    residual vanishes is frozen, as ``solvers.cg`` does."""
+    ar = _Arith(contract)
+    Hc, qc = H.to(ar.acc), q.to(ar.acc)
+    x = torch.zeros_like(qc)
+    r = ar.store("residual", qc)
+    p = ar.store("direction", r)
+    rr = ar.dot(r, r)
+    for _ in range(_steps(iters, broken)):
+        Ap = ar.matvec(Hc, p)
+        pAp = ar.dot(p, Ap)
+        ok = (pAp > 0) & (rr > 0)
+        alpha = torch.where(ok, rr / torch.where(ok, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp))
+        x = ar.store("iterate", ar.acc_round(x + alpha.unsqueeze(-1) * p))
+        r = ar.store("residual", ar.acc_round(r - alpha.unsqueeze(-1) * Ap))
+        rr_new = ar.dot(r, r)
+        beta = torch.where(ok, rr_new / torch.where(ok, rr, torch.ones_like(rr)), torch.zeros_like(rr))
+        p = ar.store("direction", ar.acc_round(r + beta.unsqueeze(-1) * p))
+        rr = rr_new
+    return _out(x, q, broken)
+
+
+def gka_ridge(H, q, *, a: float, iters: int, contract="bfloat16/operands", broken=None):
+    """GKA eq. (4) in the kernel: ``||H||_F`` in the accumulation dtype, lambda = a ||H||_F
+    (``broken="fro_squared"``: a ||H||_F^2), L = ||H||_F + lambda, mu = lambda, then Algorithm 1
+    on ``H + lambda I``."""
+    ar = _Arith(contract)
+    fro = torch.linalg.matrix_norm(H.to(ar.acc)).to(torch.float64)
+    lam = a * fro**2 if broken == "fro_squared" else a * fro
+    return chebyshev(H, q, L=fro + lam, mu=lam, iters=iters, contract=contract, shift=lam,
+                     broken=None if broken == "fro_squared" else broken)
+
+
+def kla(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, normalize_queries: bool = True,
+        contract="bfloat16/storage", broken=None):
+    """KLA chunk by chunk (``solvers.kla_chunkwise``) in the references' arithmetic that covers
+    the contract (``analysis.contract_bounds.arith_of``: stored bf16 intermediates); ``broken=
+    "no_key_norm"`` uses beta = eta (the gated delta rule without KLA's 1/||k||^2)."""
+    import solvers
+    from analysis.contract_bounds import arith_of
+
+    arith = arith_of(parse(contract))
+    dt = arith.dtype
+    coefficient = "gdn" if broken == "no_key_norm" else "kaczmarz"
+    o, S = solvers.kla_chunkwise(q.to(dt), k.to(dt), v.to(dt), alpha=alpha, eta=eta, eps=eps, chunk_size=chunk_size,
+                                 normalize_queries=normalize_queries, bf16_mode=arith.mode,
+                                 coefficient=coefficient)
+    if broken == "scaled":
+        o = o * 0.9
+    return o.to(q.dtype), S.to(q.dtype)
+
+
+def bind(fn, contract, broken=None):
+    """``fn`` with its contract (and broken variant) fixed, named for reports."""
+    g = functools.partial(fn, contract=contract, broken=broken)
+    g.__module__ = __name__
+    g.__qualname__ = f"{fn.__name__}[{parse(contract).name}{', ' + broken if broken else ''}]"
+    return g
+
+
+__all__ = ["BROKEN", "agd", "bind", "cg", "chebyshev", "gd", "gka_ridge", "kla", "round_significand"]

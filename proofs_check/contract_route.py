@@ -1,0 +1,67 @@
+"""Claims run on an implementation under test (``run_claim(..., impl=...)``, ``--impl``) are held
+to the same precision contracts and running bounds as ``kernels.harness``.
+
+A claim's own bound in a working precision is the a-priori rounding allowance of the precision
+model, which in bf16 is as large as the quantity (an omega_0 = 1 Chebyshev "holds" under it).
+For claims listed in :data:`TIGHTER`, a case measured on an implementation under test is held
+instead to the smaller of that allowance and the contract's running bound
+(``analysis.contract_bounds``) for the precision's contract
+(``solvers.contracts.of_reference``); a case where even that bound is at least the quantity
+(relative bound >= 1) is *vacuous*, and a run with vacuous cases and no failure is reported
+``inconclusive``, never ``holds``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .claim import Measurement
+
+INCONCLUSIVE = "inconclusive"
+
+
+def _alg1_bound(case, precision: str) -> float:
+    """gka.alg1: Algorithm 1 on GKA's ridge system (eq. (4)), relative to ||x*|| as the claim measures."""
+    from analysis.contract_bounds import linear_bound
+    from solvers import gka_ridge
+    from solvers.contracts import of_reference
+
+    from .claims._common import arith
+
+    sysc, r = case
+    ar = arith(precision)
+    rs = gka_ridge(sysc.H(ar.dtype), sysc.a)
+    A, q = rs.A.to(torch.float64), sysc.q_tensor(ar.dtype).to(torch.float64)
+    run = linear_bound("chebyshev", A, q, L=float(rs.L), mu=float(rs.mu), iters=r,
+                       contract=of_reference(ar.dtype, ar.mode))
+    x_star = torch.linalg.solve(A, q)
+    n = float(x_star.norm())
+    return float(run.bound[-1]) / n if n > 0 else 0.0
+
+
+TIGHTER: dict = {"gka.alg1": _alg1_bound}
+
+
+def tightened(claim, precision: str) -> Callable:
+    """``claim.check`` with the contract's running bound where :data:`TIGHTER` has one (working
+    precisions only); marks a vacuous bound in the measurement's detail (``"VACUOUS"``)."""
+    extra = TIGHTER.get(claim.id)
+
+    def check(case, impl, prec):
+        m = claim.check(case, impl, prec)
+        if extra is None or prec == "mp":
+            return m
+        b = min(m.bound, extra(case, prec))
+        detail = f"{m.detail} contract bound {b:.4g}" + (" VACUOUS" if b >= 1.0 else "")
+        return Measurement(m.value, b, detail.strip())
+
+    return check
+
+
+def vacuous(m) -> bool:
+    return m is not None and "VACUOUS" in (m.detail or "")
+
+
+__all__ = ["INCONCLUSIVE", "TIGHTER", "tightened", "vacuous"]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The harness on the GPU: third-party kernels (flash-linear-attention: KLA via
+# chunk_gated_delta_rule, MesaNet CG decoding / chunked) and ours, under their declared
+# contracts (docs/harness.md, docs/validation.md "Harness on the GPU").
+# Usage (repository root, fla-core installed):  bash scripts/harness_gpu.sh [LOG]
+set -u
+LOG=${1:-/dev/stdout}
+export PYTHONPATH=${PYTHONPATH:-$PWD}:$PWD/tests PYTHONUNBUFFERED=1
+H() {  # one harness run: name, per-run time limit (s), arguments
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: python -m kernels.harness $*" >>"$LOG"
+  local t0=$SECONDS
+  timeout "$limit" python -W ignore -m kernels.harness "$@" --seed 0 >>"$LOG" 2>/dev/null
+  echo "=== exit $? in $((SECONDS - t0)) s" >>"$LOG"
+}
+nvidia-smi --query-gpu=name --format=csv,noheader >>"$LOG" 2>&1
+# third-party kernels
+H fla_kla_bf16_fair 80 fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla --precision bfloat16 \
+  --model bfloat16/operands --prepare kernels.harness:kla_prepare --examples 8 --no-shrink
+H fla_kla_bf16_unfair 40 fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla --precision bfloat16 \
+  --model bfloat16/operands --examples 8 --no-shrink
+H fla_kla_fp32_tf32 50 fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla --precision float32 \
+  --model tf32 --prepare kernels.harness:kla_prepare --examples 8 --no-shrink
+H mesa_cg_decoding 40 fla_adapter:mesa_cg_decoding solvers:cg --strategy spd_nobounds --precision bfloat16 \
+  --model float32 --max-d 64 --max-batch 16 --examples 12
+H mesa_cg_chunk 60 fla_adapter:mesa_cg_chunk solvers:cg --strategy spd_nobounds --precision bfloat16 \
+  --model bfloat16/operands --max-d 64 --max-batch 16 --examples 12
+# ours
+S="--precision bfloat16 --model float32 --max-d 128 --max-batch 32 --examples 10"
+H chebyshev 25 kernels:chebyshev solvers:chebyshev --strategy spd $S
+H cg 25 kernels:cg solvers:cg --strategy spd_nobounds $S
+H gd 25 kernels:gd solvers:gd --strategy spd $S
+H agd 25 kernels:agd solvers:agd --strategy spd $S
+H chebyshev_adaptive 25 kernels:chebyshev_adaptive kernels.harness:gka_ridge_reference --strategy gka_ridge $S
+H chebyshev_backward 30 kernels:chebyshev_backward solvers:chebyshev_backward --strategy spd_backward $S
+H kla_chunkwise 40 kernels:kla_chunkwise solvers:kla_chunkwise --strategy kla --precision bfloat16 \
+  --model bfloat16/operands --examples 8
