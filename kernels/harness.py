@@ -72,6 +72,7 @@ from hypothesis.strategies import SearchStrategy
 
 from analysis.contract_bounds import arith_of, as_contract, cg_bound, fro_error, linear_bound
 from analysis.precision import rounding_allowance
+from analysis.strategies.reproducible import pin_local_constants
 from solvers import Arith, unit_roundoff
 from solvers.contracts import PRESETS, Contract
 
@@ -814,6 +815,7 @@ def check(kernel, reference, strategy: Strategy, *, precision: str = "bfloat16",
     behaviour: derandomised under ``ci``); ``prepare``: fair pairing hook (:func:`run_case`);
     ``progress``: a line on stderr every few seconds.
     """
+    pin_local_constants()  # the cases depend on strategy and seed only (analysis.strategies.reproducible)
     dtype = PRECISIONS[precision] if isinstance(precision, str) else precision
     contract = as_contract(model)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
