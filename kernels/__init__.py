@@ -14,3 +14,6 @@ from .kla import kla_chunkwise
 from .koopman import koopman_readout
 
 __all__ = ["agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve", "chunkwise_frobenius", "gd", "kla_chunkwise", "koopman_readout"]
+from .kla_backward import kla_chunkwise_trainable  # noqa: E402  (backward of kla_chunkwise)
+
+__all__ += ["kla_chunkwise_trainable"]
