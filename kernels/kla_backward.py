@@ -261,12 +261,67 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     return dv, dh0, tuple(x.sum(0) for x in (dQg, dKg, dKr, dX, dPh, dgC))
 
 
+def _time_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """``(N, T, H, D)`` -> ``(N H, NT, C, D)``, T zero-padded to a multiple of C."""
+    N, T, H, D = x.shape
+    NT = -(-T // C)
+    return _pad_time(x, NT * C).movedim(2, 1).reshape(N * H, NT, C, D)
+
+
+def _time_unchunk(x: torch.Tensor, N: int, T: int, H: int) -> torch.Tensor:
+    """Inverse of :func:`_time_chunks`."""
+    return x.reshape(N, H, -1, x.shape[-1])[:, :, :T].movedim(1, 2)
+
+
+def chunk_adjoint_torch(ops, v, h0, do, dht, *, chunk_size: int, late_query_state: bool = False):
+    """:func:`chunk_adjoint` in plain float32 torch, chunk by chunk: the specification the
+    kernels are tested against. ``late_query_state=True`` is a deliberately wrong variant
+    (dQg from the state one chunk late) for the strategy's discrimination tests."""
+    Qg, Kg, Kr, X, Ph, gC = ops
+    N, T, H, DV = v.shape
+    NH, NT, C, DK = Kg.shape
+    V, dO = _time_chunks(v.float(), C), _time_chunks(do.float(), C)
+    S = torch.zeros(NH, DK, DV, device=v.device) if h0 is None else h0.reshape(NH, DK, DV).float()
+    states = []
+    for c in range(NT):
+        states.append(S)
+        U = X[:, c] @ (V[:, c] - Kg[:, c] @ S)
+        S = gC[:, c, None, None] * S + Kr[:, c].transpose(-1, -2) @ U
+    states.append(S)
+    dS = torch.zeros_like(S) if dht is None else dht.reshape(NH, DK, DV).float()
+    dV = torch.zeros_like(V)
+    cot = [torch.zeros_like(x) for x in ops]
+    for c in range(NT - 1, -1, -1):
+        S0 = states[c]
+        R = V[:, c] - Kg[:, c] @ S0
+        U = X[:, c] @ R
+        dU = Ph[:, c].transpose(-1, -2) @ dO[:, c] + Kr[:, c] @ dS
+        dR = X[:, c].transpose(-1, -2) @ dU
+        dV[:, c] = dR
+        S_q = states[c + 1] if late_query_state else S0
+        for i, val in enumerate((dO[:, c] @ S_q.transpose(-1, -2), -dR @ S0.transpose(-1, -2), U @ dS.transpose(-1, -2),
+                                 dU @ R.transpose(-1, -2), dO[:, c] @ U.transpose(-1, -2), (S0 * dS).sum((-2, -1)))):
+            cot[i][:, c] = val
+        dS = Qg[:, c].transpose(-1, -2) @ dO[:, c] + gC[:, c, None, None] * dS - Kg[:, c].transpose(-1, -2) @ dR
+    return _time_unchunk(dV, N, T, H), dS, tuple(cot)
+
+
+# Deliberately wrong backward variants: the gradient strategy must catch each
+# (tests/test_harness_gradients.py). Never used unless asked for by name.
+BROKEN_VARIANTS = {
+    "dg_sign": "dg with the wrong sign",
+    "dk_decay": "the decay ratio gamma_C / gamma_j missing in dk's term from the state update K^T Diag(.) U",
+    "dbeta_unnormalised": "deta from the unnormalised key (missing the 1 / (||k||^2 + eps) of eq. (3))",
+    "dq_late": "dq from the state one chunk late",
+}
+
+
 class _Trainable(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, alpha, eta, h0, opts):
+    def forward(ctx, q, k, v, alpha, eta, h0, opts, back):
         o, S = kla_chunkwise(q, k, v, alpha=alpha, eta=eta, initial_state=h0, return_final_state=True, **opts)
         ctx.save_for_backward(q, k, v, alpha, eta, h0)
-        ctx.opts = opts
+        ctx.opts = {**opts, **back}
         return o, S
 
     @staticmethod
@@ -280,23 +335,56 @@ class _Trainable(torch.autograd.Function):
             ops = chunk_operands(*leaves, eps=opts["eps"], chunk_size=C, kaczmarz=opts["coefficient"] == "kaczmarz",
                                  normalize=opts["normalize_queries"])
             flat = lambda x: x.reshape(N, T, H, -1).contiguous()  # noqa: E731
-            dv, dh0, cot = chunk_adjoint(tuple(x.detach().contiguous() for x in ops), flat(v),
-                                         None if h0 is None else h0.reshape(N, H, *h0.shape[-2:]).contiguous(),
-                                         flat(do if do is not None else torch.zeros_like(v)).contiguous(),
-                                         None if dS is None else dS.reshape(N, H, *dS.shape[-2:]).contiguous(),
-                                         chunk_size=C, prec=opts["input_precision"])
+            args = (tuple(x.detach().contiguous() for x in ops), flat(v),
+                    None if h0 is None else h0.reshape(N, H, *h0.shape[-2:]).contiguous(),
+                    flat(do if do is not None else torch.zeros_like(v)).contiguous(),
+                    None if dS is None else dS.reshape(N, H, *dS.shape[-2:]).contiguous())
+            variant = opts.get("variant")
+            if opts.get("adjoint", "triton") == "torch" or variant == "dq_late":
+                dv, dh0, cot = chunk_adjoint_torch(*args, chunk_size=C, late_query_state=variant == "dq_late")
+            else:
+                dv, dh0, cot = chunk_adjoint(*args, chunk_size=C, prec=opts["input_precision"])
             grads = torch.autograd.grad(ops, leaves, cot, allow_unused=True)
-        dq, dk, dalpha, deta = (torch.zeros_like(x) if gr is None else gr.to(x.dtype) for x, gr in zip((q, k, alpha, eta), grads))
+        dq, dk, dalpha, deta = (torch.zeros_like(x) if gr is None else gr for x, gr in zip((q, k, alpha, eta), grads))
+        if variant is not None:
+            dk, dalpha, deta = _break(variant, dk, dalpha, deta, k, alpha, cot[2], opts)
+        dq, dk, dalpha, deta = (gr.to(x.dtype) for x, gr in zip((q, k, alpha, eta), (dq, dk, dalpha, deta)))
         dh0_out = None if h0 is None else dh0.reshape(h0.shape).to(h0.dtype)
-        return dq, dk, dv.reshape(v.shape).to(v.dtype), dalpha, deta, dh0_out, None
+        return dq, dk, dv.reshape(v.shape).to(v.dtype), dalpha, deta, dh0_out, None, None
+
+
+def _break(variant, dk, dalpha, deta, k, alpha, dKr, opts):
+    """Apply one of :data:`BROKEN_VARIANTS` to correct gradients."""
+    if variant == "dg_sign":
+        return dk, -dalpha, deta
+    if variant == "dk_decay":  # dK received r_j dKr_j from the state update; make it dKr_j
+        N, T, H, _ = k.shape
+        C = opts["chunk_size"]
+        g = _time_chunks(torch.log(alpha.float()).unsqueeze(-1), C).squeeze(-1).cumsum(-1)
+        r = torch.exp(g[..., -1:] - g).unsqueeze(-1)
+        return dk + _time_unchunk((1.0 - r) * dKr, N, T, H), dalpha, deta
+    if variant == "dbeta_unnormalised":
+        return dk, dalpha, deta * (k.float().pow(2).sum(-1) + opts["eps"])
+    if variant == "dq_late":
+        return dk, dalpha, deta
+    raise ValueError(f"variant must be one of {tuple(BROKEN_VARIANTS)}, got {variant!r}")
 
 
 def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
-                            coefficient: str = "kaczmarz", normalize_queries: bool = True, input_precision=None):
+                            coefficient: str = "kaczmarz", normalize_queries: bool = True, input_precision=None,
+                            adjoint: str = "triton", broken_variant=None):
     """``kernels.kla_chunkwise`` (same arguments and checks, returns ``(o, S_T)``) with a
     backward: the chunked adjoint recurrence of the module docstring, in the forward's
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
-    ``(..., T, H)`` or floats) and initial_state."""
+    ``(..., T, H)`` or floats) and initial_state.
+
+    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`);
+    ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
+    wrong, to show that a gradient check catches it."""
+    if adjoint not in ("triton", "torch"):
+        raise ValueError(f"adjoint must be 'triton' or 'torch', got {adjoint!r}")
+    if broken_variant is not None and broken_variant not in BROKEN_VARIANTS:
+        raise ValueError(f"broken_variant must be one of {tuple(BROKEN_VARIANTS)} or None, got {broken_variant!r}")
     if not isinstance(chunk_size, int) or chunk_size not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} for the kernel, got {chunk_size!r}")
     q = launch.tensor("q", q, min_ndim=3)
@@ -320,7 +408,8 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
         raise ValueError(f"input_precision must be one of {tuple(PRECISIONS)} or None, got {input_precision!r}")
     opts = dict(eps=eps, chunk_size=chunk_size, coefficient=coefficient, normalize_queries=normalize_queries,
                 input_precision=prec)
+    back = dict(adjoint=adjoint, variant=broken_variant)
     flat = lambda x: x.reshape(n, *x.shape[len(lead):])  # noqa: E731
     h0 = None if initial_state is None else flat(initial_state.expand(*lead, *initial_state.shape[-3:]))
-    o, S = _Trainable.apply(flat(q), flat(k), flat(v), gates[0], gates[1], h0, opts)
+    o, S = _Trainable.apply(flat(q), flat(k), flat(v), gates[0], gates[1], h0, opts, back)
     return o.reshape(*lead, *o.shape[1:]), S.reshape(*lead, *S.shape[1:])
