@@ -189,26 +189,47 @@ def adjoint_bounds(q, k, v, g, beta, h0, do, dht, *, mode, eps, cu_seqlens, arit
 
     Inputs float64 (the rounded values). Returns tensors that broadcast against the error
     of each output in :data:`OUTPUTS` (per token and head for dq, dk, dv; per element for
-    dg, dbeta; per sequence and head for dh0)."""
-    eps_p = product_rounding(arith, n)
+    dg, dbeta; per sequence and head for dh0).
+
+    ``chunk``: the chunk length of a chunked kernel, whose dg is a reverse cumulative sum
+    within the chunk of per-token terms that cancel (:func:`_chunk_dg_terms`)."""
+    base, dg_chunk = unit_bounds(q, k, v, g, beta, h0, do, dht, mode=mode, eps=eps, cu_seqlens=cu_seqlens, chunk=chunk)
+    return combine(base, dg_chunk, product_rounding(arith, n), 0.0)
+
+
+def combine(base, dg_chunk, eps_kernel: float, eps_reference: float):
+    """Bounds of two runs from :func:`unit_bounds`: every term of the first-order bound is
+    linear in the per-product rounding eps, so the sum of the two runs' bounds is
+    ``(eps_kernel + eps_reference) base``, plus the chunked kernel's dg term."""
+    out = [(eps_kernel + eps_reference) * b for b in base]
+    if dg_chunk is not None:
+        out[OUTPUTS.index("dg")] = out[OUTPUTS.index("dg")] + eps_kernel * dg_chunk
+    return tuple(out)
+
+
+def unit_bounds(q, k, v, g, beta, h0, do, dht, *, mode, eps, cu_seqlens, chunk=None):
+    """The bounds of :func:`adjoint_bounds` for a per-product rounding of 1, and the chunked
+    dg term (None without ``chunk``), along one float64 trajectory."""
     group = v.shape[2] // q.shape[2]
     B, T, H, _ = q.shape
     HV = v.shape[2]
-    out = {name: torch.zeros(B, T, HV, dtype=torch.float64) for name in ("dq", "dk", "dv", "dg", "dbeta")}
+    names = ("dq", "dk", "dv", "dg", "dbeta", "dg_chunk")
+    out = {name: torch.zeros(B, T, HV, dtype=torch.float64) for name in names}
     dh0 = torch.zeros(h0.shape[:2], dtype=torch.float64)
     qe, ke = q.repeat_interleave(group, 2), k.repeat_interleave(group, 2)
     for i, (s, e) in enumerate(_segments(T, cu_seqlens)):
         for b in range(B):
             seq = i if cu_seqlens is not None else b
             res = _sequence_bounds(qe[b, s:e], ke[b, s:e], v[b, s:e], g[b, s:e], beta[b, s:e], h0[seq], do[b, s:e],
-                                   dht[seq], mode, eps, eps_p, chunk)
-            for name in out:
+                                   dht[seq], mode, eps, 1.0, chunk)
+            for name in names:
                 out[name][b, s:e] = res[name]
             dh0[seq] = res["dh0"]
     # q and k are shared by the HV / H value heads of a group: their gradients add up
     for name in ("dq", "dk"):
         out[name] = out[name].reshape(B, T, H, group).sum(-1)
-    return tuple(out[name] for name in OUTPUTS[:5]) + (dh0,)
+    base = tuple(out[name] for name in OUTPUTS[:5]) + (dh0,)
+    return base, (out["dg_chunk"] if chunk is not None else None)
 
 
 def _sequence_bounds(q, k, v, g, beta, h0, do, dht, mode, eps, ep, chunk=None):
@@ -292,8 +313,7 @@ def _sequence_bounds(q, k, v, g, beta, h0, do, dht, mode, eps, ep, chunk=None):
         EdS = a[t] * EN + ep * a[t] * nN
         dS = a[t, :, None, None] * N
     res["dh0"] = EdS
-    if chunk is not None:
-        res["dg"] = res["dg"] + ep * _chunk_dg_terms(cancel, chunk)
+    res["dg_chunk"] = ep * _chunk_dg_terms(cancel, chunk) if chunk is not None else torch.zeros_like(res["dg"])
     return res
 
 
@@ -324,7 +344,7 @@ def _unit_rows(x: torch.Tensor) -> torch.Tensor:
 def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, device):
     mode = draw(st.sampled_from(modes))
     C = chunk_size
-    T = draw(st.sampled_from(sorted({1, C - 1, C, C + 3, 2 * C + 5} & set(range(1, max_T + 1)))))
+    T = draw(st.sampled_from(sorted({1, C - 1, C, C + 3, 2 * C + 5, max_T} & set(range(1, max_T + 1)))))
     H = draw(st.sampled_from((1, 2)))
     HV = H * (draw(st.sampled_from((1, 2))) if gva else 1)
     d_k, d_v = draw(st.sampled_from(dims)), draw(st.sampled_from(dims))
@@ -379,10 +399,9 @@ def _scales_for(gate_dtype, kernel_inner):
         cu = None if opts["cu_seqlens"] is None else opts["cu_seqlens"].cpu()
         kw = dict(mode=opts["mode"], eps=opts["eps"], cu_seqlens=cu)
         C = kernel_inner(opts)
-        kern = adjoint_bounds(*x.values(), arith=model, n=d + C, chunk=C or None, **kw)
-        ref = adjoint_bounds(*x.values(), arith=REFERENCE_ARITH, n=d, **kw)
-        dev = rounded["q"].device
-        return tuple((a + b).to(dev) for a, b in zip(kern, ref))
+        base, dg_chunk = unit_bounds(*x.values(), chunk=C or None, **kw)
+        total = combine(base, dg_chunk, product_rounding(model, d + C), product_rounding(REFERENCE_ARITH, d))
+        return tuple(b.to(rounded["q"].device) for b in total)
 
     return scales
 
@@ -425,4 +444,4 @@ def inconclusive(report) -> list:
 STRATEGIES.setdefault("kla_backward", kla_backward)
 
 __all__ = ["OUTPUTS", "adjoint_bounds", "fla_gdn_gradients", "gradients_of", "inconclusive", "kla_backward",
-           "kla_kernel_gradients", "kla_kernel_variant", "product_rounding", "recurrent_forward", "reference_gradients", "with_gate_dtype"]
+           "kla_kernel_gradients", "kla_kernel_variant", "product_rounding", "unit_bounds", "recurrent_forward", "reference_gradients", "with_gate_dtype"]
