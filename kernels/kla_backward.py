@@ -237,9 +237,12 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     v, do ``(N, T, H, d_v)``; h0, dht ``(N, H, d_k, d_v)`` or None. Returns ``dv (float32),
     dh0 (float32)`` and the cotangents of ``(Qg, Kg, Kr, X, Ph, gC)``."""
     Qg, Kg, Kr, X, Ph, gC = ops
+    if prec == "bf16":  # the bf16 model rounds these operands at every product: store them so
+        Qg, Kg, Kr, X, Ph = (x.to(torch.bfloat16) for x in (Qg, Kg, Kr, X, Ph))
     N, T, H, DV = v.shape
     NH, NT, C, DK = Kg.shape
     BK, BV = launch.block(DK), _block_v(DV)
+    warps = 8 if BK >= 128 and not launch.interpreting() else 4
     NV = triton.cdiv(DV, BV)
     dev = v.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -247,7 +250,7 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     grid = (NH * NV,)
     P = PRECISIONS[prec]
     states_kernel[grid](Kg, Kr, X, v, gC, h0 if h0 is not None else v, S, T, H, NT,
-                        DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_H0=h0 is not None, PREC=P, num_warps=4)
+                        DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_H0=h0 is not None, PREC=P, num_warps=warps)
     dv = torch.empty((N, T, H, DV), **f32)
     dh0 = torch.empty((NH, DK, DV), **f32)
     dQg = torch.empty((NV, NH, NT, C, DK), **f32)
@@ -257,7 +260,7 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     dgC = torch.empty((NV, NH, NT), **f32)
     adjoint_kernel[grid](Qg, Kg, Kr, X, Ph, v, gC, S, do, dht if dht is not None else do,
                          dv, dh0, dQg, dKg, dKr, dX, dPh, dgC, T, H, NT, NH,
-                         DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_DHT=dht is not None, PREC=P, num_warps=4)
+                         DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_DHT=dht is not None, PREC=P, num_warps=warps)
     return dv, dh0, tuple(x.sum(0) for x in (dQg, dKg, dKr, dX, dPh, dgC))
 
 
