@@ -1,23 +1,27 @@
 """KLA / GDN backward on the GPU: validation, timing against flash-linear-attention, and the
 search for a wrong gradient in fla's gated backward with its Hopper guard bypassed.
 
-    PYTHONPATH=. python3 benchmarks/bench_kla_backward.py --out DIR --budget 330
+    PYTHONPATH=. python3 benchmarks/bench_kla_backward.py --out DIR --part PART [--budget S]
 
-Three parts, in this order, none started after ``--budget`` seconds:
+Each part runs in its own process (a CUDA error in one cannot poison another), appends to
+``DIR/kla-backward-gpu.log`` and writes ``DIR/kla-backward-PART.json``:
 
-1. validation: the gradient strategy ``kla_backward`` (kernels.harness_gradients) on
+0. ``smoke``: forward and backward of ``kernels.kla_chunkwise_trainable`` at a few small
+   shapes, step by step with a synchronisation after each (run it with
+   CUDA_LAUNCH_BLOCKING=1), so a failing launch is named;
+
+1. ``validation``: the gradient strategy ``kla_backward`` (kernels.harness_gradients) on
    ``kernels.kla_chunkwise_trainable`` at d in {64, 128}, C = 64, bf16 (model
    bfloat16/storage) and float32 (model float32) inputs, KLA and GDN modes;
-2. timing at B=4, T=4096, H=16, d_k=d_v=128, bf16: the backward alone (the forward's graph
+2. ``timing_ours`` / ``timing_fla``: timing at B=4, T=4096, H=16, d_k=d_v=128, bf16: the backward alone (the forward's graph
    kept), ours in GDN and KLA mode and fla's ``chunk_gated_delta_rule`` (GDN, scale 1): GPU
    time (torch.profiler, sum of the kernels' device times per call) and wall time (median,
    p10-p90 of synchronised calls);
-3. the search: the same strategy on fla's ``chunk_gated_delta_rule`` backward with the guard
+3. ``search``: the same strategy on fla's ``chunk_gated_delta_rule`` backward with the guard
    of its issue #640 bypassed (module flag ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1``),
    grouped values and packed sequences included, random cases until the budget is spent;
    every case's label rebuilds it (its seed).
 
-Writes ``DIR/kla-backward-gpu.json`` and prints a log.
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ def _timing_inputs(seed=0):
     return q, k, v, gl, beta, do
 
 
-def timing(log) -> list:
+def timing(log, which: str) -> list:
     from kernels import kla_chunkwise_trainable
 
     rows = []
@@ -97,8 +101,13 @@ def timing(log) -> list:
         o, _ = chunk_gated_delta_rule(*leaves, scale=1.0, output_final_state=False)
         return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
 
-    for name, make in (("ours, GDN", lambda: ours("gdn")), ("fla chunk_gated_delta_rule (GDN)", fla),
-                       ("ours, KLA", lambda: ours("kla"))):
+    variants = {"ours": (("ours, GDN", lambda: ours("gdn")), ("ours, KLA", lambda: ours("kla"))),
+                "fla": (("fla chunk_gated_delta_rule (GDN), guard #640 bypassed", fla),)}[which]
+    if which == "fla":
+        import fla.ops.common.chunk_o as chunk_o
+
+        chunk_o.TRITON_ABOVE_3_7_1 = True  # its backward refuses to run on Hopper with Triton 3.6 otherwise
+    for name, make in variants:
         try:
             t0 = time.time()
             fn = make()
@@ -154,7 +163,7 @@ def search_fla(log, deadline: float) -> dict:
 
     chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass the #640 guard (its only condition)
     strat = kla_backward(max_T=1100, dims=(64, 128), chunk_size=64, modes=("gdn",), gva=True, varlen=True,
-                         device="cuda")
+                         positive_inputs=True, device="cuda")
     model = Arith(torch.bfloat16)
     out = {"cases": 0, "failures": [], "worst": None, "labels": []}
     warnings.simplefilter("ignore")
@@ -182,46 +191,80 @@ def search_fla(log, deadline: float) -> dict:
     return out
 
 
+def smoke(log) -> list:
+    """Small shapes, one step at a time, synchronised: which launch fails, if one does."""
+    from kernels import kla_chunkwise, kla_chunkwise_trainable
+
+    rows = []
+    for dtype in (torch.bfloat16, torch.float32):
+        for T_, dk, dv in ((1, 64, 64), (133, 128, 64), (200, 128, 128)):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k = (torch.randn(1, T_, 2, dk, generator=g, device="cuda").to(dtype) for _ in range(2))
+            v = torch.randn(1, T_, 2, dv, generator=g, device="cuda").to(dtype)
+            alpha = 0.5 + 0.5 * torch.rand(1, T_, 2, generator=g, device="cuda")
+            eta = torch.rand(1, T_, 2, generator=g, device="cuda")
+            h0 = torch.randn(1, 2, dk, dv, generator=g, device="cuda").to(dtype)
+            row = {"dtype": str(dtype), "shape": [T_, dk, dv]}
+            step = "forward"
+            try:
+                kla_chunkwise(q, k, v, alpha=alpha, eta=eta, initial_state=h0)
+                torch.cuda.synchronize()
+                step = "backward"
+                x = [t.clone().requires_grad_(True) for t in (q, k, v, alpha, eta, h0)]
+                o, S = kla_chunkwise_trainable(*x[:3], alpha=x[3], eta=x[4], initial_state=x[5])
+                (o.float().square().sum() + S.float().sum()).backward()
+                torch.cuda.synchronize()
+                row["ok"] = all(bool(torch.isfinite(t.grad).all()) for t in x)
+            except Exception as e:  # noqa: BLE001 - the finding
+                import traceback
+
+                row["error"] = f"{step}: {type(e).__name__}: {e}"[:300]
+                row["traceback"] = traceback.format_exc()[-1500:]
+                log(json.dumps(row))
+                rows.append(row)
+                return rows
+            log(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--budget", type=float, default=330.0)
-    ap.add_argument("--examples", type=int, default=12)
+    ap.add_argument("--part", choices=("smoke", "validation", "timing_ours", "timing_fla", "search"), required=True)
+    ap.add_argument("--budget", type=float, default=100.0, help="seconds for the search")
+    ap.add_argument("--examples", type=int, default=8)
     args = ap.parse_args(argv)
     t_start = time.time()
-    deadline = t_start + args.budget
-    logf = open(f"{args.out}/kla-backward-gpu.log", "w")
+    logf = open(f"{args.out}/kla-backward-gpu.log", "a")
 
     def log(msg):
         print(msg, flush=True)
         logf.write(msg + "\n")
         logf.flush()
 
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
-    result["triton"] = triton.__version__
+    head = {"part": args.part, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__}
     try:
         import fla
 
-        result["fla"] = getattr(fla, "__version__", "?")
+        head["fla"] = getattr(fla, "__version__", "?")
     except Exception as e:  # noqa: BLE001
-        result["fla"] = f"not importable: {e!r}"
-    log(json.dumps(result))
-    for name, part in (("validation", lambda: validation(log, args.examples)), ("timing", lambda: timing(log)),
-                       ("search_fla_640", lambda: search_fla(log, deadline))):
-        if time.time() > deadline:
-            result[name] = "not run: budget spent"
-            continue
-        log(f"== {name} (t = {time.time() - t_start:.0f} s)")
-        try:
-            result[name] = part()
-        except Exception as e:  # noqa: BLE001
-            result[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
-            log(f"{name} failed: {result[name]}")
-        with open(f"{args.out}/kla-backward-gpu.json", "w") as f:
-            json.dump(result, f, indent=1)
-    log(f"done in {time.time() - t_start:.0f} s")
+        head["fla"] = f"not importable: {e!r}"[:200]
+    log(json.dumps(head))
+    parts = {"smoke": lambda: smoke(log), "validation": lambda: validation(log, args.examples),
+             "timing_ours": lambda: timing(log, "ours"), "timing_fla": lambda: timing(log, "fla"),
+             "search": lambda: search_fla(log, t_start + args.budget)}
+    try:
+        result = parts[args.part]()
+    except Exception as e:  # noqa: BLE001
+        result = {"error": f"{type(e).__name__}: {e}"[:400]}
+        log(f"{args.part} failed: {result['error']}")
+    with open(f"{args.out}/kla-backward-{args.part}.json", "w") as f:
+        json.dump({**head, "result": result, "seconds": time.time() - t_start}, f, indent=1)
+    log(f"{args.part} done in {time.time() - t_start:.0f} s")
     return 0
 
 

@@ -341,7 +341,7 @@ def _unit_rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @st.composite
-def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, device):
+def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, positive, device):
     mode = draw(st.sampled_from(modes))
     C = chunk_size
     T = draw(st.sampled_from(sorted({1, C - 1, C, C + 3, 2 * C + 5, max_T} & set(range(1, max_T + 1)))))
@@ -355,6 +355,7 @@ def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, device):
     betas = draw(st.sampled_from(("small", "large", "mixed")))  # beta near 0, near 2, both
     init = draw(st.booleans())
     final = draw(st.booleans())
+    uniform = positive and draw(st.booleans())
     gen = torch.Generator().manual_seed(seed)
     f64 = dict(dtype=torch.float64, generator=gen)
     k = _unit_rows(torch.randn(B, T, H, d_k, **f64))
@@ -364,6 +365,9 @@ def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, device):
     else:  # GDN as trained: unit keys and queries (beta ||k||^2 <= 2 keeps it non-expansive)
         q = _unit_rows(torch.randn(B, T, H, d_k, **f64))
     v = torch.randn(B, T, HV, d_v, **f64)
+    if uniform:  # positive entries: every key and query in one orthant, inner products near 1
+        q, k = (_unit_rows(torch.rand(B, T, H, d_k, **f64)) for _ in range(2))
+        v = torch.rand(B, T, HV, d_v, **f64)
     u = torch.rand(B, T, HV, **f64)
     weak, strong = -0.02 * u, -10.0 + 0.5 * u
     g = {"weak": weak, "strong": strong, "mixed": torch.where(torch.rand(B, T, HV, **f64) < 0.5, weak, strong)}[gates]
@@ -379,7 +383,7 @@ def _case(draw, *, dims, max_T, chunk_size, modes, gva, varlen, device):
     h0 = torch.randn(N, HV, d_k, d_v, **f64) if init else torch.zeros(N, HV, d_k, d_v, dtype=torch.float64)
     do = torch.randn(B, T, HV, d_v, **f64)
     dht = torch.randn(N, HV, d_k, d_v, **f64) if final else torch.zeros(N, HV, d_k, d_v, dtype=torch.float64)
-    label = (f"mode={mode} B,T,H,HV=({B},{T},{H},{HV}) d_k={d_k} d_v={d_v} C={C} gates={gates} beta={betas} "
+    label = (f"mode={mode}{' positive' if uniform else ''} B,T,H,HV=({B},{T},{H},{HV}) d_k={d_k} d_v={d_v} C={C} gates={gates} beta={betas} "
              f"h0={'random' if init else 0} dht={'random' if final else 0} cu_seqlens={None if cu is None else cu.tolist()} "
              f"seed={seed}")
     inputs = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "h0": h0, "do": do, "dht": dht}
@@ -407,7 +411,8 @@ def _scales_for(gate_dtype, kernel_inner):
 
 
 def kla_backward(max_T: int = 40, dims=(16, 32), chunk_size: int = 16, modes=MODES, gva: bool = False,
-                 varlen: bool = True, gate_dtype=None, chunked: bool = True, device="cpu", **_unused) -> Strategy:
+                 varlen: bool = True, gate_dtype=None, chunked: bool = True, positive_inputs: bool = False,
+                 device="cpu", **_unused) -> Strategy:
     """KLA / GDN sequences with cotangents for gradient callables (module docstring).
 
     Draws T around the chunk size (not a multiple of it included), packed sequences
@@ -416,9 +421,10 @@ def kla_backward(max_T: int = 40, dims=(16, 32), chunk_size: int = 16, modes=MOD
     and near 2, random or zero initial state and final-state cotangent, d_k and d_v drawn
     independently from ``dims``. ``gate_dtype``: the kernel's gate storage (module
     docstring). ``chunked``: the kernel sums over a chunk as well as a head dimension (its
-    products' inner dimension is d + C, not d)."""
+    products' inner dimension is d + C, not d). ``positive_inputs``: half the cases draw q, k
+    (unit rows) and v with uniform entries in [0, 1), as fla's own tests do."""
     cases = _case(dims=tuple(dims), max_T=max_T, chunk_size=chunk_size, modes=tuple(modes), gva=gva, varlen=varlen,
-                  device=device)
+                  positive=positive_inputs, device=device)
     inner = (lambda opts: opts["chunk_size"]) if chunked else (lambda opts: 0)
     return Strategy("kla_backward", cases, OUTPUTS, CORE_DIMS, _scales_for(gate_dtype, inner),
                     doc="KLA/GDN sequences + cotangents; bound: running bound of the adjoint recurrence")

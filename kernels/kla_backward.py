@@ -123,11 +123,35 @@ def chunk_operands(q, k, alpha, eta, *, eps: float, chunk_size: int, kaczmarz: b
 
 
 @triton.jit
-def _tile(p, base, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr, c0, BC: tl.constexpr):
-    """Rows 0..C-1, columns c0..c0+BC-1 of a contiguous (C, D) block at ``base``."""
+def _tile(p, base, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+    """The contiguous (C, D) block at ``base`` as a [C, BD] tile, zero beyond D."""
     o_r = tl.arange(0, C)
-    o_d = c0 + tl.arange(0, BC)
+    o_d = tl.arange(0, BD)
     return tl.load(p + base + o_r[:, None] * D + o_d[None, :], mask=(o_d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _tile_t(p, base, D: tl.constexpr, C: tl.constexpr, BD: tl.constexpr):
+    """Its transpose, [BD, C], read transposed from memory.
+
+    Every transposed operand is loaded this way (or written to scratch and read back
+    transposed) rather than made by ``tl.trans`` of a register tile: a transposed product
+    result fed to ``tl.dot`` is miscompiled on Hopper by Triton 3.4 to 3.7.0 (the bug behind
+    flash-linear-attention's guard #640)."""
+    o_r = tl.arange(0, C)
+    o_d = tl.arange(0, BD)
+    return tl.load(p + base + o_r[None, :] * D + o_d[:, None], mask=(o_d < D)[:, None], other=0.0)
+
+
+@triton.jit
+def _transposed(p_scr, x, R: tl.constexpr, Cc: tl.constexpr):
+    """``x^T`` ([Cc, R] from an [R, Cc] tile) through this program's global scratch."""
+    o_r = tl.arange(0, R)
+    o_c = tl.arange(0, Cc)
+    tl.debug_barrier()  # earlier readers of the scratch are done
+    tl.store(p_scr + o_r[:, None] * Cc + o_c[None, :], x)
+    tl.debug_barrier()  # the whole tile is written
+    return tl.load(p_scr + o_r[None, :] * Cc + o_c[:, None])
 
 
 @triton.jit
@@ -158,20 +182,21 @@ def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
         m_t = t < T
         V = tl.load(p_v + ((i_n * T + t) * H + i_h)[:, None] * DV + o_v[None, :],
                     mask=m_t[:, None] & (o_v < DV)[None, :], other=0.0).to(tl.float32)
-        Kg = _tile(p_Kg, i_c * C * DK, DK, BK, C, 0, BK)
-        Kr = _tile(p_Kr, i_c * C * DK, DK, BK, C, 0, BK)
+        Kg = _tile(p_Kg, i_c * C * DK, DK, C, BK)
+        KrT = _tile_t(p_Kr, i_c * C * DK, DK, C, BK)
         X = tl.load(p_X + i_c * C * C + o_c[:, None] * C + o_c[None, :])
         U = mm(X, V - mm(Kg, S, PREC), PREC)
-        S = tl.load(p_gC + i_c) * S + mm(tl.trans(Kr), U, PREC)
+        S = tl.load(p_gC + i_c) * S + mm(KrT, U, PREC)
 
 
 @triton.jit
 def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
-                   p_dv, p_dh0, p_dQg, p_dKg, p_dKr, p_dX, p_dPh, p_dgC, T, H, NT, NH,
+                   p_dv, p_dh0, p_dQg, p_dKg, p_dKr, p_dX, p_dPh, p_dgC, p_scr, T, H, NT, NH,
                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                    HAS_DHT: tl.constexpr, PREC: tl.constexpr):
     """The chunked adjoint recurrence (module docstring), chunks from last to first; the
-    operand cotangents of d_v block ``i_v`` go to slice ``i_v`` of the partial buffers."""
+    operand cotangents of d_v block ``i_v`` go to slice ``i_v`` of the partial buffers.
+    Transposes: read transposed from memory, or through scratch (see :func:`_tile_t`)."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     i_v = pid % NV
@@ -182,14 +207,19 @@ def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
     o_v = i_v * BV + tl.arange(0, BV)
     o_c = tl.arange(0, C)
     m_k = o_k < DK
-    m_state = m_k[:, None] & (o_v < DV)[None, :]
+    m_vv = (o_v < DV)
+    m_state = m_k[:, None] & m_vv[None, :]
     p_state = o_k[:, None] * DV + o_v[None, :]
+    p_state_t = o_k[None, :] * DV + o_v[:, None]  # the state block transposed, [BV, BK]
+    m_state_t = m_k[None, :] & m_vv[:, None]
+    p_scr = p_scr + pid * (BK * BV + C * BV)  # [BK, BV] then [C, BV] or [BV, C]
     if HAS_DHT:
         dS = tl.load(p_dht + i_nh * DK * DV + p_state, mask=m_state, other=0.0).to(tl.float32)
     else:
         dS = tl.zeros([BK, BV], dtype=tl.float32)
     p_ck = o_c[:, None] * DK + o_k[None, :]
     p_cc = o_c[:, None] * C + o_c[None, :]
+    p_cc_t = o_c[None, :] * C + o_c[:, None]
     m_ck = m_k[None, :] & (o_c >= 0)[:, None]
     for j in range(NT):
         i_t = NT - 1 - j
@@ -198,28 +228,31 @@ def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
         t = i_t * C + o_c
         m_t = t < T
         p_tv = ((i_n * T + t) * H + i_h)[:, None] * DV + o_v[None, :]
-        m_tv = m_t[:, None] & (o_v < DV)[None, :]
+        m_tv = m_t[:, None] & m_vv[None, :]
         V = tl.load(p_v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         dO = tl.load(p_do + p_tv, mask=m_tv, other=0.0).to(tl.float32)
         S0 = tl.load(p_S + i_c * DK * DV + p_state, mask=m_state, other=0.0)
-        Qg = _tile(p_Qg, i_c * C * DK, DK, BK, C, 0, BK)
-        Kg = _tile(p_Kg, i_c * C * DK, DK, BK, C, 0, BK)
-        Kr = _tile(p_Kr, i_c * C * DK, DK, BK, C, 0, BK)
+        S0T = tl.load(p_S + i_c * DK * DV + p_state_t, mask=m_state_t, other=0.0)
+        QgT = _tile_t(p_Qg, i_c * C * DK, DK, C, BK)
+        Kg = _tile(p_Kg, i_c * C * DK, DK, C, BK)
+        KgT = _tile_t(p_Kg, i_c * C * DK, DK, C, BK)
+        Kr = _tile(p_Kr, i_c * C * DK, DK, C, BK)
         X = tl.load(p_X + i_c * C * C + p_cc)
-        Ph = tl.load(p_Ph + i_c * C * C + p_cc)
+        XT = tl.load(p_X + i_c * C * C + p_cc_t)
+        PhT = tl.load(p_Ph + i_c * C * C + p_cc_t)
         gC = tl.load(p_gC + i_c)
         R = V - mm(Kg, S0, PREC)
         U = mm(X, R, PREC)
-        dU = mm(tl.trans(Ph), dO, PREC) + mm(Kr, dS, PREC)
-        dR = mm(tl.trans(X), dU, PREC)
+        dU = mm(PhT, dO, PREC) + mm(Kr, dS, PREC)
+        dR = mm(XT, dU, PREC)
         tl.store(p_dv + p_tv, dR.to(p_dv.dtype.element_ty), mask=m_tv)
-        tl.store(p_dQg + part * C * DK + p_ck, mm(dO, tl.trans(S0), PREC), mask=m_ck)
-        tl.store(p_dKg + part * C * DK + p_ck, -mm(dR, tl.trans(S0), PREC), mask=m_ck)
-        tl.store(p_dKr + part * C * DK + p_ck, mm(U, tl.trans(dS), PREC), mask=m_ck)
-        tl.store(p_dX + part * C * C + p_cc, mm(dU, tl.trans(R), PREC))
-        tl.store(p_dPh + part * C * C + p_cc, mm(dO, tl.trans(U), PREC))
+        tl.store(p_dQg + part * C * DK + p_ck, mm(dO, S0T, PREC), mask=m_ck)
+        tl.store(p_dKg + part * C * DK + p_ck, -mm(dR, S0T, PREC), mask=m_ck)
+        tl.store(p_dKr + part * C * DK + p_ck, mm(U, _transposed(p_scr, dS, BK, BV), PREC), mask=m_ck)
+        tl.store(p_dX + part * C * C + p_cc, mm(dU, _transposed(p_scr + BK * BV, R, C, BV), PREC))
+        tl.store(p_dPh + part * C * C + p_cc, mm(dO, _transposed(p_scr + BK * BV, U, C, BV), PREC))
         tl.store(p_dgC + part, tl.sum(tl.sum(tl.where(m_state, S0 * dS, 0.0), axis=1), axis=0))
-        dS = mm(tl.trans(Qg), dO, PREC) + gC * dS - mm(tl.trans(Kg), dR, PREC)
+        dS = mm(QgT, dO, PREC) + gC * dS - mm(KgT, dR, PREC)
     tl.store(p_dh0 + i_nh * DK * DV + p_state, dS, mask=m_state)
 
 
@@ -258,8 +291,9 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     dX = torch.empty((NV, NH, NT, C, C), **f32)
     dPh = torch.empty_like(dX)
     dgC = torch.empty((NV, NH, NT), **f32)
+    scratch = torch.empty((NH * NV, BK * BV + C * BV), **f32)
     adjoint_kernel[grid](Qg, Kg, Kr, X, Ph, v, gC, S, do, dht if dht is not None else do,
-                         dv, dh0, dQg, dKg, dKr, dX, dPh, dgC, T, H, NT, NH,
+                         dv, dh0, dQg, dKg, dKr, dX, dPh, dgC, scratch, T, H, NT, NH,
                          DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_DHT=dht is not None, PREC=P, num_warps=warps)
     return dv, dh0, tuple(x.sum(0) for x in (dQg, dKg, dKr, dX, dPh, dgC))
 
