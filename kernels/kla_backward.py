@@ -155,20 +155,22 @@ def _transposed(p_scr, x, R: tl.constexpr, Cc: tl.constexpr):
 
 
 @triton.jit
+def _program(H, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr):
+    """This program's (head, d_v block): ids and the chunk / d_k / d_v offsets."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    pid = tl.program_id(0).to(tl.int64)
+    i_v = pid % NV
+    i_nh = pid // NV
+    return pid, i_v, i_nh, i_nh // H, i_nh % H, tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, C)
+
+
+@triton.jit
 def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
                   DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                   HAS_H0: tl.constexpr, PREC: tl.constexpr):
     """The forward once more, storing the incoming state of every chunk (float32):
     ``R = V - Kg S``, ``U = X R``, ``S <- gC S + Kr^T U``."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // H
-    i_h = i_nh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_c = tl.arange(0, C)
+    pid, i_v, i_nh, i_n, i_h, o_k, o_v, o_c = _program(H, DV, BK, BV, C)
     m_state = (o_k < DK)[:, None] & (o_v < DV)[None, :]
     p_state = o_k[:, None] * DV + o_v[None, :]
     if HAS_H0:
@@ -197,15 +199,7 @@ def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
     """The chunked adjoint recurrence (module docstring), chunks from last to first; the
     operand cotangents of d_v block ``i_v`` go to slice ``i_v`` of the partial buffers.
     Transposes: read transposed from memory, or through scratch (see :func:`_tile_t`)."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    i_v = pid % NV
-    i_nh = pid // NV
-    i_n = i_nh // H
-    i_h = i_nh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    o_c = tl.arange(0, C)
+    pid, i_v, i_nh, i_n, i_h, o_k, o_v, o_c = _program(H, DV, BK, BV, C)
     m_k = o_k < DK
     m_vv = (o_v < DV)
     m_state = m_k[:, None] & m_vv[None, :]
