@@ -104,7 +104,7 @@ def recurrent_forward(q, k, v, *, g, beta, initial_state, mode="gdn", eps=1e-6, 
 
 
 def kla_kernel_forward(q, k, v, *, g, beta, initial_state, mode="gdn", eps=1e-6, chunk_size=64, cu_seqlens=None,
-                       input_precision=None, adjoint="triton", broken_variant=None, **_):
+                       input_precision=None, adjoint=None, broken_variant=None, **_):
     """``kernels.kla_chunkwise_trainable`` in this layout (no grouped values; packed
     sequences one by one). It stores alpha = exp(g) and beta in q's dtype: declare
     ``gate_dtype=q.dtype`` for bf16 inputs."""

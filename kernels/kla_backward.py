@@ -270,6 +270,9 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     NH, NT, C, DK = Kg.shape
     BK, BV = launch.block(DK), _block_v(DV)
     warps = 8 if BK >= 128 and not launch.interpreting() else 4
+    # num_stages=1: no software pipelining of the chunk loops. Not yet validated on a GPU:
+    # the first H200 run (Triton 3.6) faulted with an illegal memory access in the backward
+    # at d_k = 128 (docs/validation.md); prefetching past the last chunk is one suspect.
     NV = triton.cdiv(DV, BV)
     dev = v.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -277,7 +280,8 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     grid = (NH * NV,)
     P = PRECISIONS[prec]
     states_kernel[grid](Kg, Kr, X, v, gC, h0 if h0 is not None else v, S, T, H, NT,
-                        DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_H0=h0 is not None, PREC=P, num_warps=warps)
+                        DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_H0=h0 is not None, PREC=P, num_warps=warps,
+                        num_stages=1)
     dv = torch.empty((N, T, H, DV), **f32)
     dh0 = torch.empty((NH, DK, DV), **f32)
     dQg = torch.empty((NV, NH, NT, C, DK), **f32)
@@ -288,7 +292,8 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     scratch = torch.empty((NH * NV, BK * BV + C * BV), **f32)
     adjoint_kernel[grid](Qg, Kg, Kr, X, Ph, v, gC, S, do, dht if dht is not None else do,
                          dv, dh0, dQg, dKg, dKr, dX, dPh, dgC, scratch, T, H, NT, NH,
-                         DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_DHT=dht is not None, PREC=P, num_warps=warps)
+                         DK=DK, DV=DV, BK=BK, BV=BV, C=C, HAS_DHT=dht is not None, PREC=P, num_warps=warps,
+                         num_stages=1)
     return dv, dh0, tuple(x.sum(0) for x in (dQg, dKg, dKr, dX, dPh, dgC))
 
 
@@ -403,15 +408,20 @@ def _break(variant, dk, dalpha, deta, k, alpha, dKr, opts):
 
 def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
                             coefficient: str = "kaczmarz", normalize_queries: bool = True, input_precision=None,
-                            adjoint: str = "triton", broken_variant=None):
+                            adjoint=None, broken_variant=None):
     """``kernels.kla_chunkwise`` (same arguments and checks, returns ``(o, S_T)``) with a
     backward: the chunked adjoint recurrence of the module docstring, in the forward's
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
     ``(..., T, H)`` or floats) and initial_state.
 
-    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`);
+    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`),
+    ``"triton"`` in the Triton kernels; the default is "triton" under the interpreter and
+    "torch" on a CUDA device, where the Triton kernels have not passed a GPU run yet
+    (docs/validation.md, "KLA/GDN backward on the GPU");
     ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
     wrong, to show that a gradient check catches it."""
+    if adjoint is None:
+        adjoint = "torch" if isinstance(q, torch.Tensor) and q.is_cuda else "triton"
     if adjoint not in ("triton", "torch"):
         raise ValueError(f"adjoint must be 'triton' or 'torch', got {adjoint!r}")
     if broken_variant is not None and broken_variant not in BROKEN_VARIANTS:
