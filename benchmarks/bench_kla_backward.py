@@ -6,6 +6,8 @@ search for a wrong gradient in fla's gated backward with its Hopper guard bypass
 Each part runs in its own process (a CUDA error in one cannot poison another), appends to
 ``DIR/kla-backward-gpu.log`` and writes ``DIR/kla-backward-PART.json``:
 
+* ``matrix`` (CPU, TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=ci): the strategy on the correct
+   backwards and the broken variants (docs/gradients.md's tables);
 0. ``smoke``: forward and backward of ``kernels.kla_chunkwise_trainable`` at a few small
    shapes, step by step with a synchronisation after each (run it with
    CUDA_LAUNCH_BLOCKING=1), so a failing launch is named;
@@ -196,6 +198,36 @@ def search_fla(log, deadline: float, out_path: str) -> dict:
     return out
 
 
+def matrix(log) -> list:
+    """The strategy on the CPU (run under TRITON_INTERPRET=1): the correct backwards (Triton
+    and plain torch adjoints) and the broken variants, float32 and bf16 inputs, with the
+    worst ratio and the inconclusive count per output (docs/gradients.md's tables)."""
+    import collections
+
+    from kernels import harness
+    from kernels.harness_gradients import inconclusive, kla_backward, kla_kernel_variant, reference_gradients, with_gate_dtype
+    from kernels.kla_backward import BROKEN_VARIANTS
+
+    rows = []
+    settings = {"float32": ("float32", None), "bfloat16": ("bfloat16/storage", torch.bfloat16)}
+    for prec, (model, gate) in settings.items():
+        runs = [("triton", kla_kernel_variant(adjoint="triton"), 30), ("torch", kla_kernel_variant(adjoint="torch"), 12)]
+        runs += [(v, kla_kernel_variant(adjoint="torch", broken_variant=v), 30) for v in BROKEN_VARIANTS]
+        for name, kernel, examples in runs:
+            rep = harness.check(kernel, with_gate_dtype(reference_gradients, gate), kla_backward(gate_dtype=gate),
+                                precision=prec, model=model, examples=examples, device="cpu", shrink=False)
+            worst = collections.defaultdict(float)
+            for f in rep.history:
+                worst[f.output] = max(worst[f.output], f.ratio)
+            row = {"precision": prec, "backward": name, "passed": rep.passed, "cases": rep.examples,
+                   "failure": None if rep.failure is None else str(rep.failure), "error": rep.error,
+                   "worst": {k: round(v, 4) for k, v in worst.items()},
+                   "inconclusive": dict(collections.Counter(f.output for f in inconclusive(rep)))}
+            log(json.dumps(row))
+            rows.append(row)
+    return rows
+
+
 def smoke(log) -> list:
     """Small shapes, one step at a time, synchronised: which launch fails, if one does."""
     from kernels import kla_chunkwise, kla_chunkwise_trainable
@@ -236,7 +268,8 @@ def smoke(log) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
-    ap.add_argument("--part", choices=("smoke", "validation", "timing_ours", "timing_fla", "search"), required=True)
+    ap.add_argument("--part", choices=("matrix", "smoke", "validation", "timing_ours", "timing_fla", "search"),
+                    required=True)
     ap.add_argument("--budget", type=float, default=100.0, help="seconds for the search")
     ap.add_argument("--examples", type=int, default=8)
     args = ap.parse_args(argv)
@@ -250,7 +283,8 @@ def main(argv=None) -> int:
 
     import triton
 
-    head = {"part": args.part, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (Triton interpreter)"
+    head = {"part": args.part, "device": device, "torch": torch.__version__,
             "triton": triton.__version__}
     try:
         import fla
@@ -259,7 +293,7 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001
         head["fla"] = f"not importable: {e!r}"[:200]
     log(json.dumps(head))
-    parts = {"smoke": lambda: smoke(log), "validation": lambda: validation(log, args.examples),
+    parts = {"matrix": lambda: matrix(log), "smoke": lambda: smoke(log), "validation": lambda: validation(log, args.examples),
              "timing_ours": lambda: timing(log, "ours"), "timing_fla": lambda: timing(log, "fla"),
              "search": lambda: search_fla(log, t_start + args.budget, f"{args.out}/kla-backward-search-partial.json")}
     try:

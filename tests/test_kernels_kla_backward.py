@@ -24,11 +24,11 @@ def _report(precision, examples, **kw):
                          precision=precision, model=model, examples=examples, device=DEVICE)
 
 
-@pytest.mark.parametrize("chunk_size", [16, 32])
 @pytest.mark.parametrize("precision", sorted(MODELS))
-def test_backward_within_the_adjoint_bound(precision, chunk_size):
-    """Every gradient (dq, dk, dv, dg, dbeta, dh0) within adjoint_bounds (kernel + reference)."""
-    rep = _report(precision, examples=10, chunk_size=chunk_size, max_T=2 * chunk_size + 5)
+def test_backward_within_the_adjoint_bound(precision):
+    """Every gradient (dq, dk, dv, dg, dbeta, dh0) within adjoint_bounds (kernel + reference);
+    C = 16 with T up to 2 C + 5 (three chunks, the last partial)."""
+    rep = _report(precision, examples=10, chunk_size=16, max_T=37)
     assert rep.passed, str(rep)
 
 
