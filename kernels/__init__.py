@@ -15,7 +15,9 @@ from .gka_chunk import chunkwise_frobenius
 from .gka_layer import gka_layer, gka_solve
 from .gradient import agd, gd
 from .kla import kla_chunkwise
+from .kla_backward import kla_chunkwise_trainable
 from .koopman import koopman_readout
 
 __all__ = ["DeferredChecks", "agd", "cg", "chebyshev", "chebyshev_adaptive", "chebyshev_backward", "chebyshev_solve",
-           "chunkwise_frobenius", "gd", "gka_layer", "gka_solve", "kla_chunkwise", "koopman_readout"]
+           "chunkwise_frobenius", "gd", "gka_layer", "gka_solve", "kla_chunkwise", "kla_chunkwise_trainable",
+           "koopman_readout"]

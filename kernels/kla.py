@@ -679,7 +679,21 @@ def kla_chunkwise(
     the reference's error; a ``kernels.DeferredChecks`` records them for its ``verify()``;
     ``False`` skips them. With either of the last two the call never synchronises or copies
     between host and device, and can be captured in a CUDA graph (docs/kernels.md).
+
+    Differentiable: when grad mode is on and q, k, v, alpha, eta or initial_state requires grad,
+    the call goes through :func:`kernels.kla_chunkwise_trainable` (this forward, with the chunked
+    adjoint recurrence as its backward; per-head gates, ``bf16_mode="storage"``, no ``out_dtype``).
     """
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (q, k, v, alpha, eta, initial_state)):
+        from .kla_backward import kla_chunkwise_trainable  # imports this module: no cycle at load time
+
+        if out_dtype is not None or bf16_mode != "storage":
+            raise ValueError("kla_chunkwise with gradients takes out_dtype=None and bf16_mode='storage'")
+        o, S = kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, eps=eps, chunk_size=chunk_size,
+                                       initial_state=initial_state, coefficient=coefficient,
+                                       normalize_queries=normalize_queries, input_precision=input_precision)
+        return (o, S) if return_final_state else o
     C = check.count("chunk_size", chunk_size, minimum=1)
     if C not in CHUNK_SIZES:
         raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} for the kernel, got {C}")

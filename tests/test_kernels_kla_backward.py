@@ -1,0 +1,107 @@
+"""Backward of kernels.kla_chunkwise (kernels.kla_backward.kla_chunkwise_trainable) through the
+gradient strategy ``kla_backward`` (kernels.harness_gradients), against autograd of the float32
+token-by-token reference on the same rounded inputs.
+
+Bound, named at each check: ``kernels.harness_gradients.adjoint_bounds`` -- the running bound
+of the adjoint recurrence in the kernel's model (inner dimension d + C) plus the float32
+reference's (docs/gradients.md), and ``u(out) ||gradient||`` for the stored result."""
+
+import pytest
+import torch
+from kernel_support import DEVICE, ON_GPU, needs_triton_device
+
+from kernels import harness, kla_chunkwise, kla_chunkwise_trainable
+from kernels.harness_gradients import inconclusive, kla_backward, kla_kernel_gradients, reference_gradients, with_gate_dtype
+
+pytestmark = needs_triton_device
+MODELS = {"float32": ("float32", None), "bfloat16": ("bfloat16/storage", torch.bfloat16)}
+
+
+def _report(precision, examples, **kw):
+    model, gate_dtype = MODELS[precision]
+    strat = kla_backward(gate_dtype=gate_dtype, device=DEVICE, **kw)
+    return harness.check(kla_kernel_gradients, with_gate_dtype(reference_gradients, gate_dtype), strat,
+                         precision=precision, model=model, examples=examples, device=DEVICE)
+
+
+@pytest.mark.parametrize("precision", sorted(MODELS))
+def test_backward_within_the_adjoint_bound(precision):
+    """Every gradient (dq, dk, dv, dg, dbeta, dh0) within adjoint_bounds (kernel + reference);
+    C = 16 with T up to 2 C + 5 (three chunks, the last partial)."""
+    rep = _report(precision, examples=10, chunk_size=16, max_T=37)
+    assert rep.passed, str(rep)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", sorted(MODELS))
+def test_backward_within_the_adjoint_bound_gpu(precision):
+    rep = _report(precision, examples=40, chunk_size=64, max_T=300, dims=(64, 128))
+    assert rep.passed, str(rep)
+    assert len(inconclusive(rep)) < len(rep.history)
+
+
+def _inputs(dtype=torch.float32, T=21, per_channel=False):
+    g = torch.Generator().manual_seed(1)
+    B, H, dk, dv = 2, 2, 16, 8
+    q, k = (torch.randn(B, T, H, dk, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+    v = torch.randn(B, T, H, dv, generator=g).to(dtype).to(DEVICE)
+    shape = (B, T, H, dk) if per_channel else (B, T, H)
+    alpha = (0.5 + 0.5 * torch.rand(shape, generator=g)).to(DEVICE)
+    eta = torch.rand(B, T, H, generator=g).to(DEVICE)
+    return q, k, v, alpha, eta
+
+
+def test_forward_is_kla_chunkwise():
+    q, k, v, alpha, eta = _inputs()
+    o, S = kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=16)
+    o2, S2 = kla_chunkwise(q, k, v, alpha=alpha, eta=eta, chunk_size=16)
+    assert torch.equal(o, o2) and torch.equal(S, S2)
+
+
+def test_inputs_are_not_modified_and_gradients_have_input_dtypes():
+    q, k, v, alpha, eta = _inputs(torch.bfloat16)
+    copies = [t.clone() for t in (q, k, v, alpha, eta)]
+    x = [t.clone().requires_grad_(True) for t in (q, k, v, alpha, eta)]
+    o, S = kla_chunkwise_trainable(*x[:3], alpha=x[3], eta=x[4], chunk_size=16)
+    o.float().sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(x, copies))
+    assert [t.grad.dtype for t in x] == [t.dtype for t in x]
+
+
+def test_bad_arguments_name_the_argument():
+    q, k, v, alpha, eta = _inputs(per_channel=True)
+    with pytest.raises(ValueError, match="alpha: the backward supports per-head gates"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=16)
+    q, k, v, alpha, eta = _inputs()
+    with pytest.raises(ValueError, match="chunk_size"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=8)
+    with pytest.raises(ValueError, match="broken_variant"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, broken_variant="nope")
+    with pytest.raises(ValueError, match="adjoint"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, adjoint="cuda")
+
+
+@pytest.mark.skipif(ON_GPU, reason="CPU interpreter run only")
+def test_float_gates_and_no_initial_state():
+    q, k, v, _, _ = _inputs(T=5)
+    x = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o, S = kla_chunkwise_trainable(*x, alpha=0.9, eta=0.5, chunk_size=16)
+    (o.sum() + S.sum()).backward()
+    assert all(torch.isfinite(t.grad).all() for t in x)
+
+
+def test_kla_chunkwise_itself_is_differentiable():
+    """``kernels.kla_chunkwise`` on inputs that require grad routes through the trainable form:
+    the same outputs and, bit for bit, the same gradients (one code path, not a second one)."""
+    q, k, v, alpha, eta = _inputs()
+    grads = []
+    for fn in (kla_chunkwise, kla_chunkwise_trainable):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v, alpha, eta)]
+        o, S = fn(*leaves[:3], alpha=leaves[3], eta=leaves[4], chunk_size=16)
+        (o.square().sum() + S.sum()).backward()
+        grads.append([t.grad for t in leaves])
+    for a, b in zip(*grads):
+        assert a is not None and torch.equal(a, b)
+    with pytest.raises(ValueError, match="out_dtype"):
+        kla_chunkwise(q.clone().requires_grad_(True), k, v, alpha=alpha, eta=eta, chunk_size=16,
+                      out_dtype=torch.float32)
