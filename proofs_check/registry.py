@@ -2,15 +2,33 @@
 
 Claim modules live in :mod:`proofs_check.claims` (one per paper); :func:`all_claims` imports
 them on first use, so importing :mod:`proofs_check` stays cheap.
+
+A claim module declares its claims where their checks are defined::
+
+    claim, erratum = for_paper("kla", implementation=_impl)
+
+    @claim("kla.lagrange", source="KLA App. A.2, eq. (13)", quantity="...", strategy=_token_cases)
+    def _check_lagrange(case, impl, prec):
+        '''The Lagrangian stationary point of eq. (1) ... gives the Kaczmarz update.'''
+
+The docstring of the check is the claim's statement. A printed statement that fails and our
+corrected form of it are declared together by :func:`erratum`, which registers both twins with
+one check factory, links them, and records the printed twin as failing on its counterexample.
+Each claim remembers the file that declared it (``Claim.file``, a column of docs/claims.md).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
-from typing import Iterable, Optional
+import inspect
+import pathlib
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
 
-from .claim import PAPERS, Claim, Uncheckable
+from .claim import CORRECTED, FAILS, HOLDS, MP, PAPERS, PRINTED, Claim, Uncheckable
 
 _CLAIMS: dict = {}
 _UNCHECKABLE: dict = {}
@@ -19,14 +37,109 @@ _LOADED = False
 CLAIM_MODULES = ("gka", "gka_backward", "kla", "echo", "gates", "reported")
 
 
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _declaring_file(depth: int) -> str:
+    """Repository-relative path of the module ``depth`` frames up (the claim module declaring)."""
+    name = sys._getframe(depth + 1).f_globals.get("__name__", "")
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if path is None:
+        return ""
+    path = pathlib.Path(path).resolve()
+    return str(path.relative_to(_ROOT)) if path.is_relative_to(_ROOT) else path.name
+
+
+def _add(c: Claim, file: str) -> None:
+    if c.id in _CLAIMS:
+        raise ValueError(f"claim {c.id} registered twice")
+    if not c.file:
+        c.file = file
+    _CLAIMS[c.id] = c
+
+
 def register(*claims: Claim) -> None:
+    """Register ready-made :class:`Claim` objects (prefer :func:`claim` and :func:`erratum`)."""
+    file = _declaring_file(1)
     for c in claims:
-        if c.id in _CLAIMS:
-            raise ValueError(f"claim {c.id} registered twice")
-        _CLAIMS[c.id] = c
+        _add(c, file)
+
+
+def statement_of(check: Callable) -> str:
+    """A check's docstring as a one-line statement (whitespace runs become one space)."""
+    doc = inspect.getdoc(check)
+    if not doc:
+        raise ValueError(f"check {check.__qualname__} has no docstring: the docstring is the claim's statement")
+    return " ".join(doc.split())
+
+
+def claim(id: str, *, paper: str, source: str, quantity: str, strategy: Callable[[], Any],
+          implementation: Callable, statement: Optional[str] = None, **fields) -> Callable:
+    """Decorate ``check(case, impl, precision) -> Measurement`` to register it as claim ``id``.
+
+    The statement is the check's docstring unless ``statement`` is given (one check serving
+    several claims). ``fields`` are the other :class:`Claim` fields (``precisions``,
+    ``expected``, ``form``, ``twin``, ``loose``, ``examples``, ``note``). Returns the check
+    unchanged.
+    """
+
+    def decorate(check: Callable) -> Callable:
+        text = statement if statement is not None else statement_of(check)
+        _add(Claim(id=id, paper=paper, source=source, statement=text, quantity=quantity, strategy=strategy, check=check,
+                   implementation=implementation, **fields), _declaring_file(1))
+        return check
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class Twin:
+    """One form of an erratum: what differs between the printed statement and our correction.
+
+    ``quantity``, ``precisions`` and ``implementation`` default to those given to :func:`erratum`.
+    ``examples`` of the printed twin: the shrunk counterexample, always tried first.
+    """
+
+    id: str
+    source: str
+    statement: str
+    quantity: Optional[str] = None
+    examples: tuple = ()
+    note: str = ""
+    precisions: Optional[tuple] = None
+    implementation: Optional[Callable] = None
+
+
+def erratum(printed: Twin, corrected: Twin, *, check: Callable, paper: str, strategy: Callable[[], Any],
+            implementation: Callable, quantity: Optional[str] = None, precisions: tuple = (MP,),
+            args: tuple = ()) -> None:
+    """Register a printed statement that fails and our corrected form, linked as twins.
+
+    ``check`` is a :func:`proofs_check.claims._common.formed` factory: the printed twin runs
+    ``check("printed", *args)`` and is recorded as failing, on its counterexample (``examples``,
+    required); the corrected twin runs ``check("corrected", *args)`` and is recorded as holding.
+    """
+    if not printed.examples:
+        raise ValueError(f"claim {printed.id}: the printed form of an erratum needs its counterexample (examples=)")
+    file = _declaring_file(1)
+    for twin, form, other, expected in ((printed, PRINTED, corrected, FAILS), (corrected, CORRECTED, printed, HOLDS)):
+        q = twin.quantity if twin.quantity is not None else quantity
+        if q is None:
+            raise ValueError(f"claim {twin.id}: no quantity (give erratum(quantity=) or the twin's)")
+        _add(Claim(id=twin.id, paper=paper, source=twin.source, statement=twin.statement, quantity=q, strategy=strategy,
+                   check=check("printed" if form == PRINTED else "corrected", *args),
+                   implementation=twin.implementation or implementation,
+                   precisions=twin.precisions if twin.precisions is not None else precisions, expected=expected,
+                   form=form, twin=other.id, examples=twin.examples, note=twin.note), file)
+
+
+def for_paper(paper: str, **defaults) -> tuple:
+    """``(claim, erratum)`` with ``paper`` and a module's defaults (usually ``implementation``) filled in."""
+    return functools.partial(claim, paper=paper, **defaults), functools.partial(erratum, paper=paper, **defaults)
 
 
 def register_uncheckable(*items: Uncheckable) -> None:
+    """Register statements no computation can check, with the reason."""
     for u in items:
         if u.id in _UNCHECKABLE or u.id in _CLAIMS:
             raise ValueError(f"claim {u.id} registered twice")
