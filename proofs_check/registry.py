@@ -96,8 +96,9 @@ def claim(id: str, *, paper: str, source: str, quantity: str, strategy: Callable
 class Twin:
     """One form of an erratum: what differs between the printed statement and our correction.
 
-    ``quantity``, ``precisions`` and ``implementation`` default to those given to :func:`erratum`.
-    ``examples`` of the printed twin: the shrunk counterexample, always tried first.
+    ``quantity``, ``precisions`` and ``implementation`` default to those given to :func:`erratum`;
+    ``check`` to the form of :func:`erratum`'s check factory. ``examples`` of the printed twin: the
+    shrunk counterexample, always tried first.
     """
 
     id: str
@@ -108,34 +109,44 @@ class Twin:
     note: str = ""
     precisions: Optional[tuple] = None
     implementation: Optional[Callable] = None
+    check: Optional[Callable] = None
+    loose: Optional[float] = None
 
 
-def erratum(printed: Twin, corrected: Twin, *, check: Callable, paper: str, strategy: Callable[[], Any],
-            implementation: Callable, quantity: Optional[str] = None, precisions: tuple = (MP,),
-            args: tuple = ()) -> None:
+def erratum(printed: Twin, corrected: Twin, *, paper: str, strategy: Callable[[], Any], implementation: Callable,
+            check: Optional[Callable] = None, args: tuple = (), quantity: Optional[str] = None,
+            precisions: tuple = (MP,)) -> None:
     """Register a printed statement that fails and our corrected form, linked as twins.
 
     ``check`` is a :func:`proofs_check.claims._common.formed` factory: the printed twin runs
     ``check("printed", *args)`` and is recorded as failing, on its counterexample (``examples``,
     required); the corrected twin runs ``check("corrected", *args)`` and is recorded as holding.
+    A twin whose check is made otherwise names it (``Twin(check=...)``).
     """
     if not printed.examples:
         raise ValueError(f"claim {printed.id}: the printed form of an erratum needs its counterexample (examples=)")
+    if check is None and (printed.check is None or corrected.check is None):
+        raise ValueError(f"claim {printed.id}: give erratum(check=) or both twins' checks")
     file = _declaring_file(1)
     for twin, form, other, expected in ((printed, PRINTED, corrected, FAILS), (corrected, CORRECTED, printed, HOLDS)):
         q = twin.quantity if twin.quantity is not None else quantity
         if q is None:
             raise ValueError(f"claim {twin.id}: no quantity (give erratum(quantity=) or the twin's)")
         _add(Claim(id=twin.id, paper=paper, source=twin.source, statement=twin.statement, quantity=q, strategy=strategy,
-                   check=check("printed" if form == PRINTED else "corrected", *args),
+                   check=twin.check or check("printed" if form == PRINTED else "corrected", *args),
                    implementation=twin.implementation or implementation,
                    precisions=twin.precisions if twin.precisions is not None else precisions, expected=expected,
-                   form=form, twin=other.id, examples=twin.examples, note=twin.note), file)
+                   form=form, twin=other.id, examples=twin.examples, note=twin.note, loose=twin.loose), file)
+
+
+def with_defaults(**defaults) -> tuple:
+    """``(claim, erratum)`` with a module's defaults (``implementation``, ``strategy``...) filled in."""
+    return functools.partial(claim, **defaults), functools.partial(erratum, **defaults)
 
 
 def for_paper(paper: str, **defaults) -> tuple:
-    """``(claim, erratum)`` with ``paper`` and a module's defaults (usually ``implementation``) filled in."""
-    return functools.partial(claim, paper=paper, **defaults), functools.partial(erratum, paper=paper, **defaults)
+    """``(claim, erratum)`` for the claims of one paper: :func:`with_defaults` with ``paper``."""
+    return with_defaults(paper=paper, **defaults)
 
 
 def register_uncheckable(*items: Uncheckable) -> None:
