@@ -20,7 +20,7 @@ from analysis.strategies.bf16 import bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, EXTENSION, FAILS, MP, Measurement
+from ..claim import ALL_PRECISIONS, EXTENSION, FAILS, MP, Measurement
 from ..registry import Twin, for_paper
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
                       worst)
@@ -960,29 +960,26 @@ def _stability_cases():
 _STAB_EXAMPLES = ((GKASystem(keys=((1.0, 0.0),), q=(1.0, 1.0), a=0.1), 30, (1.0, -1.0)),  # rank one: kappa = 11
                   (GKASystem(keys=((1.0, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.25)), q=(1.0, 1.0, 1.0), a=0.02), 30,
                    (1.0, -1.0, 0.5)))
-chb_claim("gka.remark2.stability.printed",
-          statement="Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for kappa >= 10): "
-                    "the reverse-mode gradient is as accurate as the forward solve.",
-          source="GKA App. E.1, Remark 2",
-          quantity="solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp adjoint of the working loop, "
-                   "held to the forward's rounding allowance c kappa (D u_acc + u_store).",
-          strategy=_stability_cases,
-          precisions=("float64", "float32", "bfloat16/storage"),
-          expected=FAILS,
-          twin="gka.remark2.stability.corrected",
-          examples=_STAB_EXAMPLES,
-          note="The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the reversed schedule "
-               "(47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running the recurrence backwards is not.")(_alg2({}, "reverse"))
-chb_claim("gka.remark2.stability.corrected",
-          statement="The reverse-mode gradient's rounding error is the forward allowance amplified by A_r = prod (omega_i - 1)^(-1/2) "
-                    "~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered weights).",
-          source="GKA App. E.1, Remark 2 (corrected)",
-          quantity="as the printed form, held to allowance x A_r x Gamma_r.",
-          strategy=_stability_cases,
-          precisions=("float64", "float32", "bfloat16/storage"),
-          form=CORRECTED,
-          twin="gka.remark2.stability.printed",
-          loose=2.5e-7)(_alg2({"amplified": True}, "reverse"))
+chb_erratum(Twin("gka.remark2.stability.printed",
+                 source="GKA App. E.1, Remark 2",
+                 statement="Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for kappa >= 10): "
+                           "the reverse-mode gradient is as accurate as the forward solve.",
+                 check=_alg2({}, "reverse"),
+                 quantity="solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp adjoint of the "
+                          "working loop, held to the forward's rounding allowance c kappa (D u_acc + u_store).",
+                 examples=_STAB_EXAMPLES,
+                 note="The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the reversed "
+                      "schedule (47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running the recurrence "
+                      "backwards is not."),
+            Twin("gka.remark2.stability.corrected",
+                 source="GKA App. E.1, Remark 2 (corrected)",
+                 statement="The reverse-mode gradient's rounding error is the forward allowance amplified by A_r = prod "
+                           "(omega_i - 1)^(-1/2) ~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered weights).",
+                 check=_alg2({"amplified": True}, "reverse"),
+                 quantity="as the printed form, held to allowance x A_r x Gamma_r.",
+                 loose=2.5e-7),
+            strategy=_stability_cases,
+            precisions=("float64", "float32", "bfloat16/storage"))
 
 
 @chb_claim("gka.lemma2",
