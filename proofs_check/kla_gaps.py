@@ -1,9 +1,13 @@
-"""The KLA paper's statements evaluated in mpmath, for proofs_check and tests (docs/kla.md).
+"""The KLA paper's statements measured on float64 tensors of any size, in mpmath (tests/test_kla.py).
 
-Each function takes float64 tensors of one head (exact dyadic inputs), computes at ``dps``
-digits, and returns the measured quantities as floats: an identity's gap (0 up to ~10^-dps when
-it holds), or an inequality's slack. Printed forms that do not hold are kept next to their
-corrections (``form="printed"`` / ``"corrected"``); docs/errata.md tells the story.
+The catalogue's claims (:mod:`proofs_check.claims.kla`, ``python -m proofs_check --paper kla``)
+search small bf16-representable cases for a counterexample; these functions evaluate the same
+statements on a given chunk or token of any size, for the property tests of ``solvers.kla`` and
+for the numbers quoted in docs/errata.md. Each takes float64 tensors of one head (exact dyadic
+inputs), computes at ``dps`` digits, and returns the measured quantities as floats: an identity's
+gap (0 up to ~10^-dps when it holds), or an inequality's slack. Printed forms that do not hold are
+kept next to their corrections (``form="printed"`` / ``"corrected"``); each corresponds to a claim
+id (``kla.prop5.printed`` / ``kla.prop5.corrected``...), and docs/errata.md tells the story.
 
 * :func:`theorem1` -- Thm. 1: constraint, (i) projection, (ii) line search and eq. (4),
   (iii) normalized SGD.
@@ -22,8 +26,8 @@ from __future__ import annotations
 import mpmath
 import torch
 
-from . import mp as amp
-from .kaczmarz_mp import mp_kla
+from analysis import mp as amp
+from analysis.kaczmarz_mp import mp_kla
 
 PROP5_FORMS = ("printed", "printed_b1", "corrected")
 PROP6_FORMS = ("printed", "corrected")
