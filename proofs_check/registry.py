@@ -7,14 +7,18 @@ A claim module declares its claims where their checks are defined::
 
     claim, erratum = for_paper("kla", implementation=_impl)
 
-    @claim("kla.lagrange", source="KLA App. A.2, eq. (13)", quantity="...", strategy=_token_cases)
+    @claim("kla.lagrange", source="KLA App. A.2, eq. (13)", strategy=_token_cases)
     def _check_lagrange(case, impl, prec):
-        '''The Lagrangian stationary point of eq. (1) ... gives the Kaczmarz update.'''
+        '''The Lagrangian stationary point of eq. (1) ... gives the Kaczmarz update.
 
-The docstring of the check is the claim's statement. A printed statement that fails and our
-corrected form of it are declared together by :func:`erratum`, which registers both twins with
-one check factory, links them, and records the printed twin as failing on its counterexample.
-Each claim remembers the file that declared it (``Claim.file``, a column of docs/claims.md).
+        Measured: mp: S~ - k lambda^T against the update, and its constraint residual.
+        '''
+
+The docstring of the check declares the statement and what is measured. A printed statement
+that fails and our corrected form of it are declared together by :func:`erratum`, which registers
+both twins with one check factory, links them, and records the printed twin as failing on its
+counterexample. Each claim remembers the file that declared it (``Claim.file``, a column of
+docs/claims.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import functools
 import importlib
 import inspect
 import pathlib
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
@@ -65,28 +70,56 @@ def register(*claims: Claim) -> None:
         _add(c, file)
 
 
-def statement_of(check: Callable) -> str:
-    """A check's docstring as a one-line statement (whitespace runs become one space)."""
+def one_line(text: str) -> str:
+    """Declared text as it is stored and printed: whitespace runs (line breaks) become one space."""
+    return " ".join(text.split())
+
+
+_LABELLED = re.compile(r"^(Measured|Note):\s+(.*)$", re.S)
+_FIELD = {"Measured": "quantity", "Note": "note"}
+
+
+def parse_docstring(check: Callable) -> dict:
+    """A check's docstring as claim fields: the first paragraph is the ``statement``; a paragraph
+    ``Measured: ...`` is the ``quantity`` and one ``Note: ...`` the ``note``."""
     doc = inspect.getdoc(check)
     if not doc:
         raise ValueError(f"check {check.__qualname__} has no docstring: the docstring is the claim's statement")
-    return " ".join(doc.split())
+    first, *rest = re.split(r"\n\s*\n", doc.strip())
+    out = {"statement": one_line(first)}
+    for para in rest:
+        m = _LABELLED.match(para.strip())
+        if m is None:
+            raise ValueError(f"check {check.__qualname__}: a docstring paragraph after the statement must start with "
+                             f"'Measured:' or 'Note:', got {para.strip()[:40]!r}")
+        out[_FIELD[m.group(1)]] = one_line(m.group(2))
+    return out
 
 
-def claim(id: str, *, paper: str, source: str, quantity: str, strategy: Callable[[], Any],
-          implementation: Callable, statement: Optional[str] = None, **fields) -> Callable:
+def claim(id: str, *, paper: str, source: str, strategy: Callable[[], Any], implementation: Callable,
+          statement: Optional[str] = None, quantity: Optional[str] = None, note: Optional[str] = None,
+          **fields) -> Callable:
     """Decorate ``check(case, impl, precision) -> Measurement`` to register it as claim ``id``.
 
-    The statement is the check's docstring unless ``statement`` is given (one check serving
-    several claims). ``fields`` are the other :class:`Claim` fields (``precisions``,
-    ``expected``, ``form``, ``twin``, ``loose``, ``examples``, ``note``). Returns the check
-    unchanged.
+    The check's docstring declares the text: its first paragraph is the statement, a paragraph
+    ``Measured: ...`` what the check measures and holds it to (the quantity), an optional
+    ``Note: ...`` what the report should add. ``statement``, ``quantity`` and ``note`` given here
+    take the place of the docstring's (one check factory serving several claims). ``fields`` are
+    the other :class:`Claim` fields (``precisions``, ``expected``, ``form``, ``twin``, ``loose``,
+    ``examples``). Returns the check unchanged.
     """
 
     def decorate(check: Callable) -> Callable:
-        text = statement if statement is not None else statement_of(check)
-        _add(Claim(id=id, paper=paper, source=source, statement=text, quantity=quantity, strategy=strategy, check=check,
-                   implementation=implementation, **fields), _declaring_file(1))
+        text = {"statement": statement} if statement is not None else parse_docstring(check)
+        if quantity is not None:
+            text["quantity"] = quantity
+        if note is not None:
+            text["note"] = note
+        if "quantity" not in text:
+            raise ValueError(f"claim {id}: no quantity (a 'Measured:' paragraph in the docstring, or quantity=)")
+        _add(Claim(id=id, paper=paper, source=source, statement=one_line(text["statement"]),
+                   quantity=one_line(text["quantity"]), note=one_line(text.get("note", "")), strategy=strategy,
+                   check=check, implementation=implementation, **fields), _declaring_file(1))
         return check
 
     return decorate
@@ -132,11 +165,12 @@ def erratum(printed: Twin, corrected: Twin, *, paper: str, strategy: Callable[[]
         q = twin.quantity if twin.quantity is not None else quantity
         if q is None:
             raise ValueError(f"claim {twin.id}: no quantity (give erratum(quantity=) or the twin's)")
-        _add(Claim(id=twin.id, paper=paper, source=twin.source, statement=twin.statement, quantity=q, strategy=strategy,
+        _add(Claim(id=twin.id, paper=paper, source=twin.source, statement=one_line(twin.statement), quantity=one_line(q),
+                   strategy=strategy,
                    check=twin.check or check("printed" if form == PRINTED else "corrected", *args),
                    implementation=twin.implementation or implementation,
                    precisions=twin.precisions if twin.precisions is not None else precisions, expected=expected,
-                   form=form, twin=other.id, examples=twin.examples, note=twin.note, loose=twin.loose), file)
+                   form=form, twin=other.id, examples=twin.examples, note=one_line(twin.note), loose=twin.loose), file)
 
 
 def with_defaults(**defaults) -> tuple:

@@ -65,12 +65,13 @@ claim, erratum = for_paper("gates", implementation=_impl)
 _Z = lambda lo=-16.0, hi=16.0: bf16_floats(lo, hi)  # noqa: E731
 
 
-@claim("gates.stablessm_continuous",
-       source="Gate proposal, Background, 'StableSSM's insight'",
-       quantity="mp: mpmath.diff of f against 2a|w|, held to 1e-30.",
+@claim("gates.stablessm_continuous", source="Gate proposal, Background, 'StableSSM's insight'",
        strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)))
 def _check_continuous(case, impl, prec) -> Measurement:
-    """For f*(w) = -1/(a w^2 + b), the gradient scale |f'(w)|/f(w)^2 equals 2a|w|."""
+    """For f*(w) = -1/(a w^2 + b), the gradient scale |f'(w)|/f(w)^2 equals 2a|w|.
+
+    Measured: mp: mpmath.diff of f against 2a|w|, held to 1e-30.
+    """
     w, a, b = case
     with mpla.exact():
         f = lambda x: impl["stablessm_continuous_mp"](x, a, b)  # noqa: E731
@@ -90,16 +91,12 @@ def _discrete_range(form):
     return check
 
 
-erratum(Twin("gates.stablessm_discrete.range.printed",
-             source="Gate proposal, Background, 'Adaptation to decay gates'",
-             statement="f*(w) = 1 - 1/(a w^2 + b) maps R into (-1, 1).",
-             quantity="mp: f*(w) against -1 and 1 for a, b in {1/4, 1/2, 1, 2}.",
-             examples=((0.0, 1.0, 0.25),)),
-        Twin("gates.stablessm_discrete.range.corrected",
-             source="Gate proposal, Background (corrected)",
-             statement="f* maps R onto [1 - 1/b, 1): inside (-1, 1) exactly when b > 1/2 (and into [0, 1) when b >= 1).",
-             quantity="mp: f*(w) against 1 - 1/b and 1."),
-        check=_discrete_range,
+erratum(Twin("gates.stablessm_discrete.range.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
+             statement="""f*(w) = 1 - 1/(a w^2 + b) maps R into (-1, 1).""",
+             quantity="""mp: f*(w) against -1 and 1 for a, b in {1/4, 1/2, 1, 2}.""", examples=((0.0, 1.0, 0.25),)),
+        Twin("gates.stablessm_discrete.range.corrected", source="Gate proposal, Background (corrected)",
+             statement="""f* maps R onto [1 - 1/b, 1): inside (-1, 1) exactly when b > 1/2 (and into [0, 1) when b >=
+                          1).""", quantity="""mp: f*(w) against 1 - 1/b and 1."""), check=_discrete_range,
         strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)))
 
 
@@ -134,46 +131,38 @@ def _scale(form, which):
 
 
 _AB_CASES = lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B))  # noqa: E731
-erratum(Twin("gates.stablessm_discrete.scale.printed",
-             source="Gate proposal, Background, 'Adaptation to decay gates'",
-             statement="f*(w) = 1 - 1/(a w^2 + b) has gradient scale |f'|/f^2 = 2a|w| ('the same balanced property').",
-             quantity="mp: |f'|/f^2 (mpmath.diff) against 2a|w| where f* > 0.",
+erratum(Twin("gates.stablessm_discrete.scale.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
+             statement="""f*(w) = 1 - 1/(a w^2 + b) has gradient scale |f'|/f^2 = 2a|w| ('the same balanced
+                          property').""", quantity="""mp: |f'|/f^2 (mpmath.diff) against 2a|w| where f* > 0.""",
              examples=((2.0, 1.0, 1.0),),
-             note="|f'|/f^2 = 2a|w| / (a w^2 + b - 1)^2; the balanced quantity is |f'|/(1 - f)^2 (the distance to 1 plays the "
-                  "role f plays for the continuous-time eigenvalue)."),
-        Twin("gates.stablessm_discrete.scale.corrected",
-             source="Gate proposal, Background (corrected)",
-             statement="|f*'(w)| / (1 - f*(w))^2 = 2a|w|.",
-             quantity="mp: against 2a|w|, held to 1e-30."),
-        check=_scale,
-        args=("stablessm",),
-        strategy=_AB_CASES)
+             note="""|f'|/f^2 = 2a|w| / (a w^2 + b - 1)^2; the balanced quantity is |f'|/(1 - f)^2 (the distance to 1
+                     plays the role f plays for the continuous-time eigenvalue)."""),
+        Twin("gates.stablessm_discrete.scale.corrected", source="Gate proposal, Background (corrected)",
+             statement="""|f*'(w)| / (1 - f*(w))^2 = 2a|w|.""", quantity="""mp: against 2a|w|, held to 1e-30."""),
+        check=_scale, args=("stablessm",), strategy=_AB_CASES)
 erratum(Twin("gates.balanced.scale.printed",
              source="Gate proposal, Mathematical Formulation and Theoretical Analysis (table row)",
-             statement="For phi(z) = max(0, 1 - 1/(z^2 + 1)), |phi'(z)|/phi(z)^2 = 2|z|: linear, bounded and balanced.",
-             quantity="mp: |phi'|/phi^2 against 2|z| where phi > 0; working precisions: solvers.gates.gradient_over_weight.",
-             precisions=(MP, "float64", "float32"),
-             examples=(2.0,),
-             note="With a = b = 1, |phi'|/phi^2 = 2/|z|^3 (equal to 2|z| only at |z| = 1): it diverges at 0 and vanishes at "
-                  "infinity like the sigmoid's."),
-        Twin("gates.balanced.scale.corrected",
-             source="Gate proposal, Theoretical Analysis (corrected)",
-             statement="|phi'(z)| / (1 - phi(z))^2 = 2a|z| wherever phi > 0 (solvers.gates.stable_gradient_scale).",
-             quantity="mp: against 2|z|, held to 1e-30; working precisions: stable_gradient_scale against 2a|z| within the allowance.",
-             precisions=ALL_PRECISIONS),
-        check=_scale,
-        args=("balanced",),
-        strategy=lambda: _Z(),
-        implementation=_impl_solvers)
+             statement="""For phi(z) = max(0, 1 - 1/(z^2 + 1)), |phi'(z)|/phi(z)^2 = 2|z|: linear, bounded and
+                          balanced.""",
+             quantity="""mp: |phi'|/phi^2 against 2|z| where phi > 0; working precisions:
+                         solvers.gates.gradient_over_weight.""", precisions=(MP, "float64", "float32"), examples=(2.0,),
+             note="""With a = b = 1, |phi'|/phi^2 = 2/|z|^3 (equal to 2|z| only at |z| = 1): it diverges at 0 and
+                     vanishes at infinity like the sigmoid's."""),
+        Twin("gates.balanced.scale.corrected", source="Gate proposal, Theoretical Analysis (corrected)",
+             statement="""|phi'(z)| / (1 - phi(z))^2 = 2a|z| wherever phi > 0 (solvers.gates.stable_gradient_scale).""",
+             quantity="""mp: against 2|z|, held to 1e-30; working precisions: stable_gradient_scale against 2a|z|
+                         within the allowance.""", precisions=ALL_PRECISIONS), check=_scale, args=("balanced",),
+        strategy=lambda: _Z(), implementation=_impl_solvers)
 
 
-@claim("gates.sigmoid.scale",
-       source="Gate proposal, Mathematical Formulation; Theoretical Analysis (sigmoid row)",
-       quantity="mp: the identities (mpmath.diff), held to 1e-30.",
+@claim("gates.sigmoid.scale", source="Gate proposal, Mathematical Formulation; Theoretical Analysis (sigmoid row)",
        strategy=lambda: bf16_floats(-40.0, 40.0))
 def _check_sigmoid_scale(z, impl, prec) -> Measurement:
     """sigma'(z) = sigma(1 - sigma), and |sigma'|/sigma^2 = (1 - sigma)/sigma (= e^{-z}), which diverges as sigma -> 0
-    and vanishes as sigma -> 1; sigma' -> 0 at both ends."""
+    and vanishes as sigma -> 1; sigma' -> 0 at both ends.
+
+    Measured: mp: the identities (mpmath.diff), held to 1e-30.
+    """
     with mpla.exact():
         z = mpf(z)
         s = impl["sigmoid_mp"](z)
@@ -185,13 +174,14 @@ def _check_sigmoid_scale(z, impl, prec) -> Measurement:
         return worst(parts)
 
 
-@claim("gates.balanced.basics",
-       source="Gate proposal, Mathematical Formulation; Parallelism Analysis",
-       quantity="mp: each statement (the derivative by mpmath.diff).",
+@claim("gates.balanced.basics", source="Gate proposal, Mathematical Formulation; Parallelism Analysis",
        strategy=_AB_CASES)
 def _check_balanced_basics(case, impl, prec) -> Measurement:
     """phi maps R into [0, 1) with phi(0) = 0 for b = 1 and phi -> 1 as |z| -> infinity; phi' = 2az/(az^2 + b)^2 where
-    phi > 0; for b >= 1 the max(0, .) never binds (no warp divergence)."""
+    phi > 0; for b >= 1 the max(0, .) never binds (no warp divergence).
+
+    Measured: mp: each statement (the derivative by mpmath.diff).
+    """
     z, a, b = case
     with mpla.exact():
         z = mpf(z)
@@ -206,15 +196,14 @@ def _check_balanced_basics(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-@claim("gates.balanced.solver",
-       source="Gate proposal, Mathematical Formulation (as implemented in solvers.gates)",
-       quantity="relative error of value and derivative against mp, held to allowance(1, 4).",
-       strategy=lambda: bf16_floats(-64.0, 64.0),
-       precisions=WORKING,
-       implementation=_impl_solvers)
+@claim("gates.balanced.solver", source="Gate proposal, Mathematical Formulation (as implemented in solvers.gates)",
+       strategy=lambda: bf16_floats(-64.0, 64.0), precisions=WORKING, implementation=_impl_solvers)
 def _check_balanced_solver(z, impl, prec) -> Measurement:
-    """solvers.gates.BalancedGate computes phi and phi' to working accuracy (relative), including near phi = 0 where
-    the printed 1 - 1/(z^2 + 1) cancels."""
+    """solvers.gates.BalancedGate computes phi and phi' to working accuracy (relative), including near phi = 0 where the
+    printed 1 - 1/(z^2 + 1) cancels.
+
+    Measured: relative error of value and derivative against mp, held to allowance(1, 4).
+    """
     ar = arith(prec)
     zt = torch.tensor([z], dtype=F64).to(ar.dtype)
     g = impl["gates"]["balanced"]
@@ -243,18 +232,14 @@ def _softplus(form):
     return check
 
 
-erratum(Twin("gates.softplus.printed",
-             source="Gate proposal, Baseline 3 and Theoretical Analysis (softplus row)",
-             statement="The exponential reparameterisation 1 - e^{-softplus(z)} is a different gate from the sigmoid: bounded but "
-                       "exponentially varying, better than sigmoid but still imbalanced.",
-             quantity="mp: value 1 when 1 - e^{-softplus(z)} = sigma(z), held to 0.",
-             examples=(0.0,)),
-        Twin("gates.softplus.corrected",
-             source="Gate proposal (corrected)",
-             statement="e^{-softplus(z)} = 1/(1 + e^z), so 1 - e^{-softplus(z)} = sigma(z) identically: the baseline is the sigmoid.",
-             quantity="mp: the identity, held to 1e-30."),
-        check=_softplus,
-        strategy=lambda: bf16_floats(-40.0, 40.0))
+erratum(Twin("gates.softplus.printed", source="Gate proposal, Baseline 3 and Theoretical Analysis (softplus row)",
+             statement="""The exponential reparameterisation 1 - e^{-softplus(z)} is a different gate from the
+                          sigmoid: bounded but exponentially varying, better than sigmoid but still imbalanced.""",
+             quantity="""mp: value 1 when 1 - e^{-softplus(z)} = sigma(z), held to 0.""", examples=(0.0,)),
+        Twin("gates.softplus.corrected", source="Gate proposal (corrected)",
+             statement="""e^{-softplus(z)} = 1/(1 + e^z), so 1 - e^{-softplus(z)} = sigma(z) identically: the
+                          baseline is the sigmoid.""", quantity="""mp: the identity, held to 1e-30."""),
+        check=_softplus, strategy=lambda: bf16_floats(-40.0, 40.0))
 
 
 @formed
@@ -273,26 +258,25 @@ def _sig_numbers(form):
     return check
 
 
-erratum(Twin("gates.effect.sigmoid.printed",
-             source="Gate proposal, Theoretical Analysis, 'Effect on optimization'",
-             statement="With sigmoid, alpha = 0.99 (z ~ 4.6) gets sigma'(4.6) ~ 0.01, 100x smaller than alpha = 0.5's 0.25.",
-             quantity="mp: z and sigma' to the printed digit (half a unit), the ratio to 5% (the two factors are rounded).",
-             examples=(None,)),
-        Twin("gates.effect.sigmoid.corrected",
-             source="Gate proposal, 'Effect on optimization' (corrected)",
-             statement="sigma'(4.595) = 0.99 x 0.01 = 0.0099: 25x (not 100x) smaller than sigma'(0) = 0.25.",
-             quantity="as the printed form with 25x."),
-        check=_sig_numbers,
-        strategy=lambda: st.just(None))
+erratum(Twin("gates.effect.sigmoid.printed", source="Gate proposal, Theoretical Analysis, 'Effect on optimization'",
+             statement="""With sigmoid, alpha = 0.99 (z ~ 4.6) gets sigma'(4.6) ~ 0.01, 100x smaller than alpha =
+                          0.5's 0.25.""",
+             quantity="""mp: z and sigma' to the printed digit (half a unit), the ratio to 5% (the two factors are
+                         rounded).""", examples=(None,)),
+        Twin("gates.effect.sigmoid.corrected", source="Gate proposal, 'Effect on optimization' (corrected)",
+             statement="""sigma'(4.595) = 0.99 x 0.01 = 0.0099: 25x (not 100x) smaller than sigma'(0) = 0.25.""",
+             quantity="""as the printed form with 25x."""), check=_sig_numbers, strategy=lambda: st.just(None))
 
 
-@claim("gates.effect.balanced",
-       source="Gate proposal, 'Effect on optimization'; Risks and Limitations 2",
-       quantity="mp: each number to its printed digit; the ratio 255.0 to the 2% rounding of the printed 0.002 it is computed from.",
+@claim("gates.effect.balanced", source="Gate proposal, 'Effect on optimization'; Risks and Limitations 2",
        strategy=lambda: st.just(None))
 def _check_balanced_numbers(case, impl, prec) -> Measurement:
     """Balanced phi: 0.99 at z ~ 10 (sigmoid at 4.6), phi'(10) = 20/101^2 ~ 0.002, phi = 0.5 at z = 1 with phi'(1) =
-    0.5, a 250x ratio."""
+    0.5, a 250x ratio.
+
+    Measured: mp: each number to its printed digit; the ratio 255.0 to the 2% rounding of the printed 0.002 it is
+    computed from.
+    """
     with mpla.exact():
         z99 = mpmath.sqrt(99)  # phi(z) = 0.99
         d10 = impl["balanced_derivative_mp"](mpf(10))
@@ -308,12 +292,13 @@ def _check_balanced_numbers(case, impl, prec) -> Measurement:
         ])
 
 
-@claim("gates.slower_approach",
-       source="Gate proposal, 'If hypothesis is wrong', Scenario B; Risks 2",
-       quantity="mp: the two complements for z in (0, 40].",
+@claim("gates.slower_approach", source="Gate proposal, 'If hypothesis is wrong', Scenario B; Risks 2",
        strategy=lambda: bf16_floats(2.0**-8, 40.0, allow_zero=False))
 def _check_slower(z, impl, prec) -> Measurement:
-    """phi approaches 1 more slowly than the sigmoid: 1 - phi(z) = 1/(z^2 + 1) >= 1/(1 + e^z) = 1 - sigma(z) for z > 0."""
+    """phi approaches 1 more slowly than the sigmoid: 1 - phi(z) = 1/(z^2 + 1) >= 1/(1 + e^z) = 1 - sigma(z) for z > 0.
+
+    Measured: mp: the two complements for z in (0, 40].
+    """
     with mpla.exact():
         z = mpf(z)
         return exact_inequality(1 - impl["sigmoid_mp"](z), 1 - impl["balanced_mp"](z), "1 - sigma(z) <= 1 - phi(z)")
@@ -338,34 +323,28 @@ def _log_domain(form):
     return check
 
 
-erratum(Twin("gates.log_domain.printed",
-             source="Gate proposal, Mathematical Formulation ('log phi in (-inf, 0)')",
-             statement="phi(z) in [0, 1), so log phi(z) in (-inf, 0) is well-defined for the cumulative log-space decay.",
-             quantity="mp: value 1 at a z where phi(z) = 0 (log phi = -inf), held to 0.",
-             precisions=(MP,),
-             examples=(0.0,),
-             note="Risks 3 notes the -inf at phi = 0; the formulation's '(-inf, 0)' excludes it."),
-        Twin("gates.log_domain.corrected",
-             source="Gate proposal, Risks 3 (corrected statement)",
-             statement="log phi(z) lies in [-inf, 0): -inf exactly where phi = 0 (z = 0 for a = b = 1); solvers.gates computes it "
-                       "without cancellation elsewhere.",
-             quantity="working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1, |log phi|)), "
-                      "and -inf at 0.",
-             precisions=ALL_PRECISIONS,
-             implementation=_impl_solvers),
-        check=_log_domain,
-        strategy=lambda: bf16_floats(-4.0, 4.0))
+erratum(Twin("gates.log_domain.printed", source="Gate proposal, Mathematical Formulation ('log phi in (-inf, 0)')",
+             statement="""phi(z) in [0, 1), so log phi(z) in (-inf, 0) is well-defined for the cumulative log-space
+                          decay.""", quantity="""mp: value 1 at a z where phi(z) = 0 (log phi = -inf), held to 0.""",
+             precisions=(MP,), examples=(0.0,),
+             note="""Risks 3 notes the -inf at phi = 0; the formulation's '(-inf, 0)' excludes it."""),
+        Twin("gates.log_domain.corrected", source="Gate proposal, Risks 3 (corrected statement)",
+             statement="""log phi(z) lies in [-inf, 0): -inf exactly where phi = 0 (z = 0 for a = b = 1);
+                          solvers.gates computes it without cancellation elsewhere.""",
+             quantity="""working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1,
+                         |log phi|)), and -inf at 0.""", precisions=ALL_PRECISIONS, implementation=_impl_solvers),
+        check=_log_domain, strategy=lambda: bf16_floats(-4.0, 4.0))
 
 
-@claim("gates.log_cumsum",
-       source="Gate proposal, Mathematical Formulation ('log gamma^{i->j} = sum log phi(z)')",
-       quantity="max error / sum |log phi| (all terms <= 0: no cancellation) against allowance(1, T + 4).",
+@claim("gates.log_cumsum", source="Gate proposal, Mathematical Formulation ('log gamma^{i->j} = sum log phi(z)')",
        strategy=lambda: st.lists(bf16_floats(2.0**-3, 32.0, allow_zero=False), min_size=1, max_size=8),
-       precisions=WORKING,
-       implementation=_impl_solvers)
+       precisions=WORKING, implementation=_impl_solvers)
 def _check_log_cumsum(zs, impl, prec) -> Measurement:
     """The cumulative log decay of the balanced gates is the sum of log phi (solvers.gates.cumulative_log_decay of
-    BalancedGate.log_value) to working accuracy."""
+    BalancedGate.log_value) to working accuracy.
+
+    Measured: max error / sum |log phi| (all terms <= 0: no cancellation) against allowance(1, T + 4).
+    """
     ar = arith(prec)
     g = impl["gates"]["balanced"]
     zt = torch.tensor(zs, dtype=F64).to(ar.dtype)

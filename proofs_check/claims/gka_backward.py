@@ -183,41 +183,32 @@ def _lemma1(w_sign, product, torch_fn):
 
 
 claim("gka.lemma1",
-      statement="dk_i = sum_{t>=i} M_{i,t} (-dq_t x_t^T - x_t dq_t^T - w_t H_t) k_i with w_t = 2a x_t^T dq_t / ||H_t||_F, "
-                "for lambda_t = a ||H_t||_F and L = sum_t <g_t, x_t>.",
+      statement="""dk_i = sum_{t>=i} M_{i,t} (-dq_t x_t^T - x_t dq_t^T - w_t H_t) k_i with w_t = 2a x_t^T dq_t /
+                   ||H_t||_F, for lambda_t = a ||H_t||_F and L = sum_t <g_t, x_t>.""",
       source="GKA Sec. 4.2.2, Lemma 1, eq. (7)",
-      quantity="mp: eq. (7) against mpmath.diff of the loss w.r.t. every key, held to 1e-30. float64: "
-               "solvers.gka_grad.lemma1_dk against the same, error / sum of term norms <= allowance.",
-      strategy=_SEQ,
-      precisions=(MP, "float64"))(_lemma1(-1, "(CH)", "lemma1"))
-erratum(Twin("gka.eq15.printed",
-             source="GKA App. D.2, eq. (15)",
-             statement="dk_i = sum_{t>=i} (zeta_t/zeta_i)(-dq_t x_t^T - x_t dq_t^T + w_t H_t) k_i ('which proves Lemma 1').",
-             check=_lemma1(+1, "(CH)", "lemma1"),
-             quantity="mp: eq. (15) against mpmath.diff of the loss; float64: lemma1_dk(w_sign=+1).",
+      quantity="""mp: eq. (7) against mpmath.diff of the loss w.r.t. every key, held to 1e-30. float64:
+                  solvers.gka_grad.lemma1_dk against the same, error / sum of term norms <= allowance.""",
+      strategy=_SEQ, precisions=(MP, "float64"))(_lemma1(-1, "(CH)", "lemma1"))
+erratum(Twin("gka.eq15.printed", source="GKA App. D.2, eq. (15)",
+             statement="""dk_i = sum_{t>=i} (zeta_t/zeta_i)(-dq_t x_t^T - x_t dq_t^T + w_t H_t) k_i ('which proves
+                          Lemma 1').""", check=_lemma1(+1, "(CH)", "lemma1"),
+             quantity="""mp: eq. (15) against mpmath.diff of the loss; float64: lemma1_dk(w_sign=+1).""",
              examples=(_SEQ_EXAMPLE,)),
-        Twin("gka.eq15.corrected",
-             source="GKA App. D.2, eq. (15) (corrected)",
-             statement="Eq. (15) with -w_t H_t, as in (7): (dH_t + dH_t^T) with dH_t of eq. (13) carries -2 a (x^T dq) H_t/||H_t||_F.",
-             check=_lemma1(-1, "(CH)", "lemma1"),
-             quantity="as gka.lemma1"),
-        strategy=_SEQ,
-        precisions=(MP, "float64"))
-erratum(Twin("gka.eq40.printed",
-             source="GKA App. D.2.1, eqs. (32)-(41)",
-             statement="dL/dk_l = -sum_{t>=l} (prod_{i=l}^{t-1} gamma_i)[<k_l,x_t> dq_t + <k_l,dq_t> x_t + 2a<x_t,dq_t>/||H_t||_F H_t k_l].",
-             check=_lemma1(-1, "printed (40)", "appendix40"),
-             quantity="mp: eq. (40) against mpmath.diff of the loss for the recurrence (CH); float64: appendix40_dk(product='printed').",
-             examples=(_SEQ_EXAMPLE,),
-             note="(32) unrolls H_t = gamma_{t-1} H_{t-1} + k_t k_t^T; with (CH)'s H_t = gamma_t H_{t-1} + k_t k_t^T the "
-                  "product is off by one token. They agree when all gates are equal."),
-        Twin("gka.eq40.corrected",
-             source="GKA App. D.2.1, eqs. (40)-(41) (corrected)",
-             statement="Eq. (40) with the decay prod_{i=l+1}^{t} gamma_i = M_{l,t} of (CH).",
-             check=_lemma1(-1, "(CH)", "appendix40"),
-             quantity="as gka.eq40.printed with product='corrected'"),
-        strategy=_SEQ,
-        precisions=(MP, "float64"))
+        Twin("gka.eq15.corrected", source="GKA App. D.2, eq. (15) (corrected)",
+             statement="""Eq. (15) with -w_t H_t, as in (7): (dH_t + dH_t^T) with dH_t of eq. (13) carries -2 a (x^T
+                          dq) H_t/||H_t||_F.""", check=_lemma1(-1, "(CH)", "lemma1"), quantity="""as gka.lemma1"""),
+        strategy=_SEQ, precisions=(MP, "float64"))
+erratum(Twin("gka.eq40.printed", source="GKA App. D.2.1, eqs. (32)-(41)",
+             statement="""dL/dk_l = -sum_{t>=l} (prod_{i=l}^{t-1} gamma_i)[<k_l,x_t> dq_t + <k_l,dq_t> x_t +
+                          2a<x_t,dq_t>/||H_t||_F H_t k_l].""", check=_lemma1(-1, "printed (40)", "appendix40"),
+             quantity="""mp: eq. (40) against mpmath.diff of the loss for the recurrence (CH); float64:
+                         appendix40_dk(product='printed').""", examples=(_SEQ_EXAMPLE,),
+             note="""(32) unrolls H_t = gamma_{t-1} H_{t-1} + k_t k_t^T; with (CH)'s H_t = gamma_t H_{t-1} + k_t
+                     k_t^T the product is off by one token. They agree when all gates are equal."""),
+        Twin("gka.eq40.corrected", source="GKA App. D.2.1, eqs. (40)-(41) (corrected)",
+             statement="""Eq. (40) with the decay prod_{i=l+1}^{t} gamma_i = M_{l,t} of (CH).""",
+             check=_lemma1(-1, "(CH)", "appendix40"), quantity="""as gka.eq40.printed with product='corrected'"""),
+        strategy=_SEQ, precisions=(MP, "float64"))
 
 
 # -------------------------------------------------------------- eqs. (6)/(26), (12), (13), (14)
@@ -272,30 +263,25 @@ def _eq13(sign):
 
 
 _SINGLE = lambda: gka_sequences(min_T=1, max_T=1, max_dim=3)  # noqa: E731
-claim("gka.eq26",
-      statement="dL/dq_t = (H_t + lambda_t I)^{-1} dL/dx_t.",
+claim("gka.eq26", statement="""dL/dq_t = (H_t + lambda_t I)^{-1} dL/dx_t.""",
       source="GKA Sec. 4.2.2 eq. (6); App. D.2.1 eqs. (25)-(26)",
-      quantity="mp: against mpmath.diff of <g, (H + lambda I)^{-1} q> w.r.t. q.",
-      strategy=_SINGLE)(_check_eq26)
-claim("gka.eq12",
-      statement="The gradient w.r.t. the system matrix H_t + lambda_t I is -dq_t x_t^T.",
-      source="GKA App. D.2, eq. (12)",
-      quantity="mp: against mpmath.diff w.r.t. every entry of the system matrix.",
+      quantity="""mp: against mpmath.diff of <g, (H + lambda I)^{-1} q> w.r.t. q.""", strategy=_SINGLE)(_check_eq26)
+claim("gka.eq12", statement="""The gradient w.r.t. the system matrix H_t + lambda_t I is -dq_t x_t^T.""",
+      source="GKA App. D.2, eq. (12)", quantity="""mp: against mpmath.diff w.r.t. every entry of the system matrix.""",
       strategy=_SINGLE)(_check_eq12)
 claim("gka.eq13",
-      statement="With lambda_t = a ||H_t||_F: dH_t = -dq_t x_t^T - a H_t/||H_t||_F (x_t^T dq_t) (vec form (31)).",
+      statement="""With lambda_t = a ||H_t||_F: dH_t = -dq_t x_t^T - a H_t/||H_t||_F (x_t^T dq_t) (vec form (31)).""",
       source="GKA App. D.2, eq. (13); App. D.2.1 eqs. (28)-(31)",
-      quantity="mp: against mpmath.diff w.r.t. every entry of H (lambda depending on H); float64: solvers.gka_grad.eq13_dH.",
-      strategy=_SINGLE,
-      precisions=(MP, "float64"))(_eq13(-1))
+      quantity="""mp: against mpmath.diff w.r.t. every entry of H (lambda depending on H); float64:
+                  solvers.gka_grad.eq13_dH.""", strategy=_SINGLE, precisions=(MP, "float64"))(_eq13(-1))
 
 
-@claim("gka.eq14",
-       source="GKA App. D.2, eq. (14)",
-       quantity="mp: against mpmath.diff of the loss w.r.t. every key.",
-       strategy=_SEQ)
+@claim("gka.eq14", source="GKA App. D.2, eq. (14)", strategy=_SEQ)
 def _check_eq14(seq, impl, prec) -> Measurement:
-    """dk_i = sum_{t>=i} (dH_t + dH_t^T) k_i zeta_t/zeta_i with dH_t of eq. (13)."""
+    """dk_i = sum_{t>=i} (dH_t + dH_t^T) k_i zeta_t/zeta_i with dH_t of eq. (13).
+
+    Measured: mp: against mpmath.diff of the loss w.r.t. every key.
+    """
     with mpla.exact():
         lay = mp_layer(seq.keys, seq)
         truth = mp_loss_grad_keys(seq)
@@ -336,14 +322,13 @@ def _mp_B(seq: GKASequence, states, ws, i: int):
     return acc
 
 
-@claim("gka.eq8_9",
-       source="GKA Sec. 4.2.2, eqs. (8)-(9)",
-       quantity="mp: the recursions against the sums, held to 1e-30 (arbitrary rank-one dq_t x_t^T and scalars w_t).",
-       strategy=_chunk_cases,
-       implementation=_impl)
+@claim("gka.eq8_9", source="GKA Sec. 4.2.2, eqs. (8)-(9)", strategy=_chunk_cases, implementation=_impl)
 def _check_eq8_9(seq, impl, prec) -> Measurement:
-    """A_i = sum_{t>=i} M_{i,t} dq_t x_t^T and B_i = sum_{t>=i} M_{i,t} w_t H_t satisfy A_i = gamma_{i+1} A_{i+1} +
-    dq_i x_i^T and B_i = gamma_{i+1} B_{i+1} + w_i H_i."""
+    """A_i = sum_{t>=i} M_{i,t} dq_t x_t^T and B_i = sum_{t>=i} M_{i,t} w_t H_t satisfy A_i = gamma_{i+1} A_{i+1} + dq_i
+    x_i^T and B_i = gamma_{i+1} B_{i+1} + w_i H_i.
+
+    Measured: mp: the recursions against the sums, held to 1e-30 (arbitrary rank-one dq_t x_t^T and scalars w_t).
+    """
     with mpla.exact():
         states = mp_states(seq)
         ws = _ws(seq)
@@ -370,14 +355,14 @@ def _chunk_parts(seq: GKASequence):
     return C, zeta
 
 
-@claim("gka.eq10",
-       source="GKA Sec. 4.2.2, eq. (10) and the intra-chunk expansion",
-       quantity="mp: both identities, held to 1e-30, for a chunk of T-1 tokens followed by one future token.",
-       strategy=_chunk_cases,
+@claim("gka.eq10", source="GKA Sec. 4.2.2, eq. (10) and the intra-chunk expansion", strategy=_chunk_cases,
        implementation=_impl)
 def _check_eq10(seq, impl, prec) -> Measurement:
     """B_i = M_{i,C} gamma_{C+1} B_{C+1} + B_i^intra, and B_i^intra = b_i H_0 + sum_j (M diag(w) M^T)_{ij} k_j k_j^T
-    with b_i = sum_c M_{i,c} w_c zeta_c."""
+    with b_i = sum_c M_{i,c} w_c zeta_c.
+
+    Measured: mp: both identities, held to 1e-30, for a chunk of T-1 tokens followed by one future token.
+    """
     with mpla.exact():
         states, ws = mp_states(seq), _ws(seq)
         C, zeta = _chunk_parts(seq)
@@ -445,20 +430,15 @@ def _impl_chunk():
 
 _INTRA_EXAMPLE = GKASequence(keys=((1.0, 0.0), (0.0, 1.0)), log_gates=(0.0, 0.0), queries=((0.0, 0.0), (0.0, 0.0)),
                              cotangents=((1.0, 0.0), (1.0, 0.0)), a=0.01, H0_keys=((1.0, 0.0),))
-erratum(Twin("gka.intra_chunk.printed",
-             source="GKA Sec. 4.2.2, 'Intra-chunk computation'",
-             statement="[B_1^intra k_1, ..., B_C^intra k_C] = H_0 (diag(b_1..b_C) K_C) + K_C ((K_C^T K_C) . M_w).",
-             quantity="mp: the printed matrix expression against the columns B_i^intra k_i (inf where diag(b) K_C is undefined).",
-             precisions=(MP,),
-             examples=(_INTRA_EXAMPLE,)),
-        Twin("gka.intra_chunk.corrected",
-             source="GKA Sec. 4.2.2 (corrected)",
-             statement="[B_1^intra k_1, ..., B_C^intra k_C] = H_0 K_C diag(b) + K_C ((K_C^T K_C) . M_w).",
-             quantity="mp: against the columns B_i^intra k_i, held to 1e-30; float64: solvers.gka_chunk.chunk_intra_Bk.",
-             precisions=(MP, "float64")),
-        check=_intra_matrix,
-        strategy=_chunk_cases,
-        implementation=_impl_chunk)
+erratum(Twin("gka.intra_chunk.printed", source="GKA Sec. 4.2.2, 'Intra-chunk computation'",
+             statement="""[B_1^intra k_1, ..., B_C^intra k_C] = H_0 (diag(b_1..b_C) K_C) + K_C ((K_C^T K_C) . M_w).""",
+             quantity="""mp: the printed matrix expression against the columns B_i^intra k_i (inf where diag(b) K_C
+                         is undefined).""", precisions=(MP,), examples=(_INTRA_EXAMPLE,)),
+        Twin("gka.intra_chunk.corrected", source="GKA Sec. 4.2.2 (corrected)",
+             statement="""[B_1^intra k_1, ..., B_C^intra k_C] = H_0 K_C diag(b) + K_C ((K_C^T K_C) . M_w).""",
+             quantity="""mp: against the columns B_i^intra k_i, held to 1e-30; float64:
+                         solvers.gka_chunk.chunk_intra_Bk.""", precisions=(MP, "float64")), check=_intra_matrix,
+        strategy=_chunk_cases, implementation=_impl_chunk)
 
 
 @formed
@@ -491,20 +471,17 @@ def _cross(form):
 
 _CROSS_EXAMPLE = GKASequence(keys=((1.0,), (1.0,), (1.0,)), log_gates=(0.0, -1.0, 0.0), queries=((0.0,),) * 3,
                              cotangents=((1.0,),) * 3, a=0.01)
-erratum(Twin("gka.cross_chunk.printed",
-             source="GKA Sec. 4.2.2, 'Cross-chunk computation'",
-             statement="With Bt_{C+1} = gamma_{C+1} B_{C+1} carried by Bt_1 = zeta_C Bt_{C+1} + Bt_1^intra, the cross-chunk "
-                       "contribution collected for every token i of the chunk is zeta_C Bt_{C+1} k_i.",
-             quantity="mp and float64 (solvers.gka_chunk.chunkwise_Bk(cross='printed')): B_i k_i against the definition.",
-             examples=(_CROSS_EXAMPLE,)),
-        Twin("gka.cross_chunk.corrected",
-             source="GKA Sec. 4.2.2, eq. (10) (corrected)",
-             statement="Token i of the chunk collects M_{i,C} Bt_{C+1} k_i (zeta_C/zeta_i, as eq. (10) says); the recursion "
-                       "Bt_1 = zeta_C Bt_{C+1} + sum_{c=1}^{C} zeta_c w_c H_c (lower limit c = 1, not c = i) is right.",
-             quantity="mp and float64 (chunkwise_Bk(cross='corrected')): B_i k_i against the definition."),
-        check=_cross,
-        strategy=lambda: gka_sequences(min_T=2, max_T=4, max_dim=2),
-        precisions=(MP, "float64"),
+erratum(Twin("gka.cross_chunk.printed", source="GKA Sec. 4.2.2, 'Cross-chunk computation'",
+             statement="""With Bt_{C+1} = gamma_{C+1} B_{C+1} carried by Bt_1 = zeta_C Bt_{C+1} + Bt_1^intra, the
+                          cross-chunk contribution collected for every token i of the chunk is zeta_C Bt_{C+1} k_i.""",
+             quantity="""mp and float64 (solvers.gka_chunk.chunkwise_Bk(cross='printed')): B_i k_i against the
+                         definition.""", examples=(_CROSS_EXAMPLE,)),
+        Twin("gka.cross_chunk.corrected", source="GKA Sec. 4.2.2, eq. (10) (corrected)",
+             statement="""Token i of the chunk collects M_{i,C} Bt_{C+1} k_i (zeta_C/zeta_i, as eq. (10) says); the
+                          recursion Bt_1 = zeta_C Bt_{C+1} + sum_{c=1}^{C} zeta_c w_c H_c (lower limit c = 1, not c = i)
+                          is right.""",
+             quantity="""mp and float64 (chunkwise_Bk(cross='corrected')): B_i k_i against the definition."""),
+        check=_cross, strategy=lambda: gka_sequences(min_T=2, max_T=4, max_dim=2), precisions=(MP, "float64"),
         implementation=_impl_chunk)
 
 
@@ -587,21 +564,17 @@ def _impl_gates():
 
 _GATES = lambda: gka_sequences(min_T=2, max_T=4, max_dim=2, with_H0=True)  # noqa: E731
 claim("gka.eq16_21",
-      statement="With H_c = e^{G_c} H_0 + sum_{j<=c} e^{G_c - G_j} k_j k_j^T (17), the derivatives (18)-(19) give "
-                "dG_i = e^{G_i}<dH_i, H_0> + sum_{j<i} e^{G_i-G_j}<dH_i, k_jk_j^T> - sum_{c=i+1}^{C} e^{G_c-G_i}<dH_c, k_ik_i^T> "
-                "- e^{G_{C+1}-G_i}<dH_{C+1}, k_ik_i^T> (21).",
-      source="GKA App. D.2, eqs. (16)-(21)",
-      quantity="mp: eq. (21) (and (23) for G_{C+1}) against mpmath.diff of sum_c <dH_c, H_c(G)> w.r.t. each G_i.",
-      strategy=_GATES,
-      implementation=_impl_gates)(_gate_eq("(21)"))
+      statement="""With H_c = e^{G_c} H_0 + sum_{j<=c} e^{G_c - G_j} k_j k_j^T (17), the derivatives (18)-(19) give
+                   dG_i = e^{G_i}<dH_i, H_0> + sum_{j<i} e^{G_i-G_j}<dH_i, k_jk_j^T> - sum_{c=i+1}^{C} e^{G_c-G_i}<dH_c,
+                   k_ik_i^T> - e^{G_{C+1}-G_i}<dH_{C+1}, k_ik_i^T> (21).""", source="GKA App. D.2, eqs. (16)-(21)",
+      quantity="""mp: eq. (21) (and (23) for G_{C+1}) against mpmath.diff of sum_c <dH_c, H_c(G)> w.r.t. each G_i.""",
+      strategy=_GATES, implementation=_impl_gates)(_gate_eq("(21)"))
 claim("gka.eq22_23",
-      statement="Eq. (22) (adding and subtracting <dH_i, k_i k_i^T>) equals (21); dG_{C+1} = e^{G_{C+1}}<dH_{C+1}, H_0> "
-                "+ sum_{j<=C} e^{G_{C+1}-G_j}<dH_{C+1}, k_jk_j^T> (23).",
+      statement="""Eq. (22) (adding and subtracting <dH_i, k_i k_i^T>) equals (21); dG_{C+1} = e^{G_{C+1}}<dH_{C+1},
+                   H_0> + sum_{j<=C} e^{G_{C+1}-G_j}<dH_{C+1}, k_jk_j^T> (23).""",
       source="GKA App. D.2, eqs. (22)-(23)",
-      quantity="mp: against mpmath.diff; float64: solvers.gka_grad.chunk_dG against the same.",
-      strategy=_GATES,
-      precisions=(MP, "float64"),
-      implementation=_impl_gates)(_gate_eq("(22)"))
+      quantity="""mp: against mpmath.diff; float64: solvers.gka_grad.chunk_dG against the same.""", strategy=_GATES,
+      precisions=(MP, "float64"), implementation=_impl_gates)(_gate_eq("(22)"))
 
 
 @formed
@@ -632,21 +605,17 @@ def _eq24(form):
 
 _EQ24_EXAMPLE = GKASequence(keys=((1.0,), (1.0,)), log_gates=(0.0, 0.0), queries=((0.0,), (0.0,)),
                             cotangents=((1.0,), (0.0,)), a=0.01, H0_keys=((1.0,),))
-erratum(Twin("gka.eq24.printed",
-             source="GKA App. D.2, eq. (24)",
-             statement="The parts of dG_i and dG_{C+1} due to the term (1/2) w_t H_t of dH_t are (1/2)<w_i H_i, H_i> - (1/2) k_i^T B_i k_i "
-                       "and (1/2) e^{G_C}<Bt_{C+1}, H_0> + (1/2) sum_j e^{G_C-G_j} k_j^T Bt_{C+1} k_j.",
-             quantity="float64: solvers.gka_grad.eq24_printed against mpmath.diff of the loss restricted to dH_t = -(1/2) w_t H_t "
-                      "(the sign eq. (13) and the text's 'dH_t = -dq x^T - (1/2) w_t H_t' give it).",
+erratum(Twin("gka.eq24.printed", source="GKA App. D.2, eq. (24)",
+             statement="""The parts of dG_i and dG_{C+1} due to the term (1/2) w_t H_t of dH_t are (1/2)<w_i H_i,
+                          H_i> - (1/2) k_i^T B_i k_i and (1/2) e^{G_C}<Bt_{C+1}, H_0> + (1/2) sum_j e^{G_C-G_j} k_j^T
+                          Bt_{C+1} k_j.""",
+             quantity="""float64: solvers.gka_grad.eq24_printed against mpmath.diff of the loss restricted to dH_t =
+                         -(1/2) w_t H_t (the sign eq. (13) and the text's 'dH_t = -dq x^T - (1/2) w_t H_t' give it).""",
              examples=(_EQ24_EXAMPLE,)),
-        Twin("gka.eq24.corrected",
-             source="GKA App. D.2, eq. (24) (corrected)",
-             statement="Both parts of eq. (24) with the opposite sign: the term of dH_t is -(1/2) w_t H_t.",
-             quantity="float64: solvers.gka_grad.eq24_corrected against mpmath.diff."),
-        check=_eq24,
-        strategy=_GATES,
-        precisions=("float64",),
-        implementation=_impl_gates)
+        Twin("gka.eq24.corrected", source="GKA App. D.2, eq. (24) (corrected)",
+             statement="""Both parts of eq. (24) with the opposite sign: the term of dH_t is -(1/2) w_t H_t.""",
+             quantity="""float64: solvers.gka_grad.eq24_corrected against mpmath.diff."""), check=_eq24,
+        strategy=_GATES, precisions=("float64",), implementation=_impl_gates)
 
 
 # ------------------------------------------------------- Chebyshev backward: eqs. (44)-(54), Lemma 2
@@ -787,13 +756,14 @@ def _loss_grads(impl, A, q, g, L, mu, r):
     return dq, dA
 
 
-@chb_claim("gka.eq44_48",
-           source="GKA App. E.1, eqs. (44)-(46), (48)",
-           quantity="mp: the recursion against Algorithm 1's iterates and the adjoint against mpmath.diff of <g, xi_r>, held to 1e-30.",
-           strategy=lambda: _ch_cases(max_r=4))
+@chb_claim("gka.eq44_48", source="GKA App. E.1, eqs. (44)-(46), (48)", strategy=lambda: _ch_cases(max_r=4))
 def _check_eq44_48(case, impl, prec) -> Measurement:
     """Algorithm 1 is the recursion (44)-(45); its exact adjoint is (46): d xi_{r-1} = A_r d xi_r, d xi_{i-2} = A_{i-1}
-    d xi_{i-1} + b_i d xi_i, with dq = sum_{i=0}^r c_i d xi_i and dH = -sum_{i>=1} c_i d xi_i xi_{i-1}^T (48)."""
+    d xi_{i-1} + b_i d xi_i, with dq = sum_{i=0}^r c_i d xi_i and dH = -sum_{i>=1} c_i d xi_i xi_{i-1}^T (48).
+
+    Measured: mp: the recursion against Algorithm 1's iterates and the adjoint against mpmath.diff of <g, xi_r>, held to
+    1e-30.
+    """
     with mpla.exact():
         A, q, g, L, mu, r = _mp_problem(case)
         dq, dH, xis, w = impl["adjoint_mp"](A, q, g, L, mu, r)
@@ -808,14 +778,15 @@ def _check_eq44_48(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-@chb_claim("gka.eq47",
-           source="GKA App. E.1, eq. (47)",
-           quantity="mp: nu_i = omega_i exactly; 60 further steps increase and stay below omega_2* (a bounded monotone sequence "
-                    "converging to the only fixed point of the map above omega_0 = 2).",
+@chb_claim("gka.eq47", source="GKA App. E.1, eq. (47)",
            strategy=lambda: st.tuples(eigenvalue_bounds(), st.integers(0, 30)))
 def _check_eq47(case, impl, prec) -> Measurement:
     """nu_{i-1} = (4/rho^2)(1 - 1/nu_i) from nu_r = omega_r recovers omega_{r-1}, ..., omega_0; continued past i = 0 it
-    increases to the other fixed point omega_2* = 2(1 + sqrt(1 - rho^2))/rho^2."""
+    increases to the other fixed point omega_2* = 2(1 + sqrt(1 - rho^2))/rho^2.
+
+    Measured: mp: nu_i = omega_i exactly; 60 further steps increase and stay below omega_2* (a bounded monotone sequence
+    converging to the only fixed point of the map above omega_0 = 2).
+    """
     (L, mu), r = case
     rho = (L - mu) / (L + mu)
     # the reversed map multiplies errors by 4/(rho^2 omega^2) <= 4/(rho^2 omega_1*^2) per step: carry those digits
@@ -857,16 +828,12 @@ def _eq49(form):
 
 
 _CH_EXAMPLE = (GKASystem(keys=((1.0, 0.5), (0.0, 1.0)), q=(1.0, -1.0), a=0.5), 2, (1.0, 0.5))
-chb_erratum(Twin("gka.eq49.printed",
-                 source="GKA App. E.1, eq. (49) (and (50) of Algorithm 2)",
-                 statement="xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} + c_i q): Algorithm 1 can be run backwards.",
-                 quantity="mp: the rebuilt xi_{i-2} against Algorithm 1's, held to 1e-30.",
-                 examples=(_CH_EXAMPLE,)),
-            Twin("gka.eq49.corrected",
-                 source="GKA App. E.1, eq. (49) (corrected)",
-                 statement="xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} - c_i q) (solving (44) for xi_{i-2}).",
-                 quantity="mp: against Algorithm 1's iterates, held to 1e-30."),
-            check=_eq49,
+chb_erratum(Twin("gka.eq49.printed", source="GKA App. E.1, eq. (49) (and (50) of Algorithm 2)",
+                 statement="""xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} + c_i q): Algorithm 1 can be run backwards.""",
+                 quantity="""mp: the rebuilt xi_{i-2} against Algorithm 1's, held to 1e-30.""", examples=(_CH_EXAMPLE,)),
+            Twin("gka.eq49.corrected", source="GKA App. E.1, eq. (49) (corrected)",
+                 statement="""xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} - c_i q) (solving (44) for xi_{i-2}).""",
+                 quantity="""mp: against Algorithm 1's iterates, held to 1e-30."""), check=_eq49,
             strategy=lambda: _ch_cases(min_r=1, max_r=4))
 
 
@@ -909,46 +876,36 @@ def _alg2(flags, torch_method=None):
 
 _ALL_PRINTED = dict(eq50="printed", eq53="printed", eq54="printed")
 _ALL_CORRECTED = dict(eq50="corrected", eq53="corrected", eq54="corrected")
-chb_erratum(Twin("gka.alg2.printed",
-                 source="GKA App. F, Algorithm 2 (eqs. (50)-(54))",
-                 statement="Algorithm 2 returns the gradients dq, dH of Algorithm 1's output from xi_r, xi_{r-1}, omega_r alone.",
-                 check=_alg2(_ALL_PRINTED, "printed"),
-                 quantity="mp: Algorithm 2 as printed against the exact adjoint (46)-(48), held to 1e-30; float64: "
-                          "solvers.algorithm2_as_printed against it, held to the forward's allowance.",
-                 precisions=(MP, "float64"),
-                 examples=(_CH_EXAMPLE,)),
-            Twin("gka.alg2.corrected",
-                 source="GKA App. F, Algorithm 2 (corrected)",
-                 statement="Algorithm 2 with (50) subtracting c_i q, (53) using c_0 = 2/(L+mu) for d xi_0 (not 2 nu_0/(L+mu) = 4/(L+mu)), "
-                           "and no i = 0 term in (54) returns the exact gradient.",
+chb_erratum(Twin("gka.alg2.printed", source="GKA App. F, Algorithm 2 (eqs. (50)-(54))",
+                 statement="""Algorithm 2 returns the gradients dq, dH of Algorithm 1's output from xi_r, xi_{r-1},
+                              omega_r alone.""", check=_alg2(_ALL_PRINTED, "printed"),
+                 quantity="""mp: Algorithm 2 as printed against the exact adjoint (46)-(48), held to 1e-30; float64:
+                             solvers.algorithm2_as_printed against it, held to the forward's allowance.""",
+                 precisions=(MP, "float64"), examples=(_CH_EXAMPLE,)),
+            Twin("gka.alg2.corrected", source="GKA App. F, Algorithm 2 (corrected)",
+                 statement="""Algorithm 2 with (50) subtracting c_i q, (53) using c_0 = 2/(L+mu) for d xi_0 (not 2
+                              nu_0/(L+mu) = 4/(L+mu)), and no i = 0 term in (54) returns the exact gradient.""",
                  check=_alg2(dict(_ALL_CORRECTED, amplified=True), "reverse"),
-                 quantity="mp: against the exact adjoint, held to 1e-30; float64/float32: solvers.chebyshev_backward(method='reverse') "
-                          "against the mp adjoint of the working loop, <= allowance x A_r x Gamma_r (the amplification bounds of "
-                          "analysis.chebyshev_backward).",
-                 precisions=(MP, "float64", "float32")),
-            strategy=lambda: _ch_cases(min_r=1, max_r=4))
-chb_claim("gka.alg2.eq50.printed",
-          statement="Eq. (50) (the sign of c_i q) as printed, everything else corrected.",
-          source="GKA App. F, Algorithm 2, eq. (50) alone",
-          quantity="mp: dq, dH against the exact adjoint.",
-          strategy=lambda: _ch_cases(min_r=1, max_r=4),
-          expected=FAILS,
-          twin="gka.alg2.corrected",
+                 quantity="""mp: against the exact adjoint, held to 1e-30; float64/float32:
+                             solvers.chebyshev_backward(method='reverse') against the mp adjoint of the working loop, <=
+                             allowance x A_r x Gamma_r (the amplification bounds of analysis.chebyshev_backward).""",
+                 precisions=(MP, "float64", "float32")), strategy=lambda: _ch_cases(min_r=1, max_r=4))
+chb_claim("gka.alg2.eq50.printed", statement="""Eq. (50) (the sign of c_i q) as printed, everything else corrected.""",
+          source="GKA App. F, Algorithm 2, eq. (50) alone", quantity="""mp: dq, dH against the exact adjoint.""",
+          strategy=lambda: _ch_cases(min_r=1, max_r=4), expected=FAILS, twin="gka.alg2.corrected",
           examples=(_CH_EXAMPLE,))(_alg2(dict(_ALL_CORRECTED, eq50="printed")))
 chb_claim("gka.alg2.eq53.printed",
-          statement="Eq. (53) as printed at i = 1 (d xi_0 weighted by 2 nu_0/(L+mu) with nu_0 from (52)), everything else corrected.",
-          source="GKA App. F, Algorithm 2, eq. (53) alone",
-          quantity="mp: dq against the exact adjoint.",
-          strategy=lambda: _ch_cases(min_r=1, max_r=4),
-          expected=FAILS,
-          twin="gka.alg2.corrected",
-          examples=(_CH_EXAMPLE,),
-          note="The initialisation nu_0 <- 1 would give c_0, but (52) overwrites nu_0 = omega_0 = 2 at i = 1 before (53) uses it.")(_alg2(dict(_ALL_CORRECTED, eq53="printed")))
+          statement="""Eq. (53) as printed at i = 1 (d xi_0 weighted by 2 nu_0/(L+mu) with nu_0 from (52)),
+                       everything else corrected.""", source="GKA App. F, Algorithm 2, eq. (53) alone",
+          quantity="""mp: dq against the exact adjoint.""", strategy=lambda: _ch_cases(min_r=1, max_r=4),
+          expected=FAILS, twin="gka.alg2.corrected", examples=(_CH_EXAMPLE,),
+          note="""The initialisation nu_0 <- 1 would give c_0, but (52) overwrites nu_0 = omega_0 = 2 at i = 1 before
+                  (53) uses it.""")(_alg2(dict(_ALL_CORRECTED, eq53="printed")))
 chb_claim("gka.alg2.eq54",
-          statement="Eq. (54)'s i = 1 step adds -2 nu_0/(L+mu) d xi_0 xi_{-1}^T; with (50) corrected the rebuilt xi_{-1} is 0, "
-                    "so the term vanishes and (54) is right in exact arithmetic.",
+          statement="""Eq. (54)'s i = 1 step adds -2 nu_0/(L+mu) d xi_0 xi_{-1}^T; with (50) corrected the rebuilt
+                       xi_{-1} is 0, so the term vanishes and (54) is right in exact arithmetic.""",
           source="GKA App. F, Algorithm 2, eq. (54) alone",
-          quantity="mp: dH with (54) as printed (others corrected) against the exact adjoint.",
+          quantity="""mp: dH with (54) as printed (others corrected) against the exact adjoint.""",
           strategy=lambda: _ch_cases(min_r=1, max_r=4))(_alg2(dict(_ALL_CORRECTED, eq54="printed")))
 
 
@@ -960,37 +917,33 @@ def _stability_cases():
 _STAB_EXAMPLES = ((GKASystem(keys=((1.0, 0.0),), q=(1.0, 1.0), a=0.1), 30, (1.0, -1.0)),  # rank one: kappa = 11
                   (GKASystem(keys=((1.0, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.25)), q=(1.0, 1.0, 1.0), a=0.02), 30,
                    (1.0, -1.0, 0.5)))
-chb_erratum(Twin("gka.remark2.stability.printed",
-                 source="GKA App. E.1, Remark 2",
-                 statement="Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for kappa >= 10): "
-                           "the reverse-mode gradient is as accurate as the forward solve.",
+chb_erratum(Twin("gka.remark2.stability.printed", source="GKA App. E.1, Remark 2",
+                 statement="""Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for
+                              kappa >= 10): the reverse-mode gradient is as accurate as the forward solve.""",
                  check=_alg2({}, "reverse"),
-                 quantity="solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp adjoint of the "
-                          "working loop, held to the forward's rounding allowance c kappa (D u_acc + u_store).",
-                 examples=_STAB_EXAMPLES,
-                 note="The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the reversed "
-                      "schedule (47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running the recurrence "
-                      "backwards is not."),
-            Twin("gka.remark2.stability.corrected",
-                 source="GKA App. E.1, Remark 2 (corrected)",
-                 statement="The reverse-mode gradient's rounding error is the forward allowance amplified by A_r = prod "
-                           "(omega_i - 1)^(-1/2) ~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered weights).",
-                 check=_alg2({"amplified": True}, "reverse"),
-                 quantity="as the printed form, held to allowance x A_r x Gamma_r.",
-                 loose=2.5e-7),
-            strategy=_stability_cases,
-            precisions=("float64", "float32", "bfloat16/storage"))
+                 quantity="""solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp
+                             adjoint of the working loop, held to the forward's rounding allowance c kappa (D u_acc +
+                             u_store).""", examples=_STAB_EXAMPLES,
+                 note="""The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the
+                         reversed schedule (47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running
+                         the recurrence backwards is not."""),
+            Twin("gka.remark2.stability.corrected", source="GKA App. E.1, Remark 2 (corrected)",
+                 statement="""The reverse-mode gradient's rounding error is the forward allowance amplified by A_r =
+                              prod (omega_i - 1)^(-1/2) ~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered
+                              weights).""", check=_alg2({"amplified": True}, "reverse"),
+                 quantity="""as the printed form, held to allowance x A_r x Gamma_r.""", loose=2.5e-7),
+            strategy=_stability_cases, precisions=("float64", "float32", "bfloat16/storage"))
 
 
-@chb_claim("gka.lemma2",
-           source="GKA Sec. 4.2.3, Lemma 2; App. E, eqs. (42)-(43)",
-           quantity="mp: mpmath.diff of <g, xi_r> w.r.t. q against CH(H, g, r), held to 1e-30. Working precisions: "
-                    "chebyshev_backward 'implicit' vs 'autograd', distance / ||dq|| <= 2 x allowance.",
-           strategy=lambda: _ch_cases(max_r=6),
+@chb_claim("gka.lemma2", source="GKA Sec. 4.2.3, Lemma 2; App. E, eqs. (42)-(43)", strategy=lambda: _ch_cases(max_r=6),
            precisions=ALL_PRECISIONS)
 def _check_lemma2(case, impl, prec) -> Measurement:
-    """For Algorithm 1 (symmetric H), the gradient of q by autograd through the loop equals the implicit one of Table
-    1, CH(H, d xi_r, r): xi_r = p_r(H) q with p_r(H) symmetric."""
+    """For Algorithm 1 (symmetric H), the gradient of q by autograd through the loop equals the implicit one of Table 1,
+    CH(H, d xi_r, r): xi_r = p_r(H) q with p_r(H) symmetric.
+
+    Measured: mp: mpmath.diff of <g, xi_r> w.r.t. q against CH(H, g, r), held to 1e-30. Working precisions:
+    chebyshev_backward 'implicit' vs 'autograd', distance / ||dq|| <= 2 x allowance.
+    """
     s, r, gv = case
     if prec == MP:
         with mpla.exact():
@@ -1064,36 +1017,28 @@ def _cg_cases():
 
 _CG_EXAMPLE = (GKASystem(keys=((1.0, 0.0), (0.0, 2.0)), q=(1.0, 1.0), a=0.5), 1, (1.0, 0.0))
 chb_claim("gka.lemma2.dH",
-          statement="Does Lemma 2 extend to dH: is the implicit -dq x^T (x = xi_r) the gradient of the truncated loop?",
-          source="GKA Lemma 2 / Table 1, extended to dH (question, not claimed)",
-          quantity="mp: -CH(H,g,r) xi_r^T against mpmath.diff of <g, xi_r> w.r.t. H, held to 1e-30.",
-          strategy=lambda: _ch_cases(max_r=4),
-          expected=FAILS,
-          form=EXTENSION,
-          examples=(_CH_EXAMPLE,),
-          note="It does not: it is the exact solve's dH evaluated at xi_r.")(_lemma2_dH("equal"))
+          statement="""Does Lemma 2 extend to dH: is the implicit -dq x^T (x = xi_r) the gradient of the truncated
+                       loop?""", source="GKA Lemma 2 / Table 1, extended to dH (question, not claimed)",
+          quantity="""mp: -CH(H,g,r) xi_r^T against mpmath.diff of <g, xi_r> w.r.t. H, held to 1e-30.""",
+          strategy=lambda: _ch_cases(max_r=4), expected=FAILS, form=EXTENSION, examples=(_CH_EXAMPLE,),
+          note="""It does not: it is the exact solve's dH evaluated at xi_r.""")(_lemma2_dH("equal"))
 chb_claim("gka.lemma2.dH_gap",
-          statement="The implicit dH differs from the truncated loop's by at most eps_r (2 (r+1)^2 kappa/(kappa-1) + 1 + eps_r) "
-                    "relative to ||H^{-1} g|| ||H^{-1} q||, eps_r = 1/T_{r+1}(1/rho) (analysis.chebyshev_backward.implicit_dH_gap_bound).",
+          statement="""The implicit dH differs from the truncated loop's by at most eps_r (2 (r+1)^2 kappa/(kappa-1)
+                       + 1 + eps_r) relative to ||H^{-1} g|| ||H^{-1} q||, eps_r = 1/T_{r+1}(1/rho)
+                       (analysis.chebyshev_backward.implicit_dH_gap_bound).""",
           source="GKA Lemma 2 / Table 1, extended to dH (our bound)",
-          quantity="mp: ||dH_impl - dH_loop||_F / ||dH*||_F against the bound.",
-          strategy=lambda: _ch_cases(max_r=6),
-          form=EXTENSION)(_lemma2_dH("gap"))
+          quantity="""mp: ||dH_impl - dH_loop||_F / ||dH*||_F against the bound.""",
+          strategy=lambda: _ch_cases(max_r=6), form=EXTENSION)(_lemma2_dH("gap"))
 chb_claim("gka.lemma2.cg",
-          statement="Does Lemma 2 hold for CG: is CG(H, g, r) the gradient of <g, CG(H, q, r)> w.r.t. q?",
+          statement="""Does Lemma 2 hold for CG: is CG(H, g, r) the gradient of <g, CG(H, q, r)> w.r.t. q?""",
           source="GKA Lemma 2 / Table 1, extended to CG (question, not claimed)",
-          quantity="mp: against mpmath.diff through the CG recurrence, r < D, held to 1e-30.",
-          strategy=_cg_cases,
-          expected=FAILS,
-          form=EXTENSION,
-          examples=(_CG_EXAMPLE,),
-          note="CG's coefficients depend on q (CG is not linear in q), so no.")(_lemma2_cg("short"))
+          quantity="""mp: against mpmath.diff through the CG recurrence, r < D, held to 1e-30.""", strategy=_cg_cases,
+          expected=FAILS, form=EXTENSION, examples=(_CG_EXAMPLE,),
+          note="""CG's coefficients depend on q (CG is not linear in q), so no.""")(_lemma2_cg("short"))
 chb_claim("gka.lemma2.cg_full",
-          statement="With r >= D steps CG is the exact solve in exact arithmetic, and then its implicit gradient is exact.",
-          source="GKA Lemma 2 / Table 1, extended to CG (our statement)",
-          quantity="mp: CG(H, g, D) against mpmath.diff of <g, CG(H, q, D)>.",
-          strategy=_cg_cases,
-          form=EXTENSION)(_lemma2_cg("full"))
+          statement="""With r >= D steps CG is the exact solve in exact arithmetic, and then its implicit gradient is
+                       exact.""", source="GKA Lemma 2 / Table 1, extended to CG (our statement)",
+          quantity="""mp: CG(H, g, D) against mpmath.diff of <g, CG(H, q, D)>.""", strategy=_cg_cases, form=EXTENSION)(_lemma2_cg("full"))
 
 
 @formed
@@ -1119,16 +1064,14 @@ def _alg2_inputs(form):
     return check
 
 
-chb_erratum(Twin("gka.alg2.inputs.printed",
-                 source="GKA App. F, Algorithm 2, line 1 (Input)",
-                 statement="Algorithm 2 computes dq, dH from its listed inputs H, d xi_r, L, mu, r and the final weight omega_r.",
-                 quantity="mp: two problems equal in every listed input with q' = 2q (and the forward iterates they give): relative "
-                          "change of dH, held to 1e-30.",
-                 examples=(_CH_EXAMPLE,),
-                 note="The body reads q in (50) and xi_r, xi_{r-1} in the initialisation and at i = r; the input line has an empty slot."),
-            Twin("gka.alg2.inputs.corrected",
-                 source="GKA App. F, Algorithm 2, line 1 (corrected)",
-                 statement="Inputs: H, q, d xi_r, L, mu, r, omega_r and the forward's xi_r, xi_{r-1}; dH does depend on q.",
-                 quantity="mp: value 1 if dH does not change with q, held to 0."),
-            check=_alg2_inputs,
-            strategy=lambda: _ch_cases(min_r=1, max_r=3))
+chb_erratum(Twin("gka.alg2.inputs.printed", source="GKA App. F, Algorithm 2, line 1 (Input)",
+                 statement="""Algorithm 2 computes dq, dH from its listed inputs H, d xi_r, L, mu, r and the final
+                              weight omega_r.""",
+                 quantity="""mp: two problems equal in every listed input with q' = 2q (and the forward iterates they
+                             give): relative change of dH, held to 1e-30.""", examples=(_CH_EXAMPLE,),
+                 note="""The body reads q in (50) and xi_r, xi_{r-1} in the initialisation and at i = r; the input
+                         line has an empty slot."""),
+            Twin("gka.alg2.inputs.corrected", source="GKA App. F, Algorithm 2, line 1 (corrected)",
+                 statement="""Inputs: H, q, d xi_r, L, mu, r, omega_r and the forward's xi_r, xi_{r-1}; dH does
+                              depend on q.""", quantity="""mp: value 1 if dH does not change with q, held to 0."""),
+            check=_alg2_inputs, strategy=lambda: _ch_cases(min_r=1, max_r=3))
