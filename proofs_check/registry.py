@@ -75,25 +75,30 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-_LABELLED = re.compile(r"^(Measured|Note):\s+(.*)$", re.S)
-_FIELD = {"Measured": "quantity", "Note": "note"}
+_LABELLED = re.compile(r"^(Measured|Note|Why):\s+(.*)$", re.S)
+_FIELD = {"Measured": "quantity", "Note": "note", "Why": "reason"}
 
 
-def parse_docstring(check: Callable) -> dict:
-    """A check's docstring as claim fields: the first paragraph is the ``statement``; a paragraph
-    ``Measured: ...`` is the ``quantity`` and one ``Note: ...`` the ``note``."""
-    doc = inspect.getdoc(check)
-    if not doc:
-        raise ValueError(f"check {check.__qualname__} has no docstring: the docstring is the claim's statement")
-    first, *rest = re.split(r"\n\s*\n", doc.strip())
+def parse_text(text: str, where: str, labels=("Measured", "Note")) -> dict:
+    """Declared text as fields: the first paragraph is the ``statement``; a later paragraph
+    ``Measured: ...`` is the ``quantity``, ``Note: ...`` the ``note``, ``Why: ...`` the ``reason``."""
+    first, *rest = re.split(r"\n\s*\n", inspect.cleandoc(text).strip())
     out = {"statement": one_line(first)}
     for para in rest:
         m = _LABELLED.match(para.strip())
-        if m is None:
-            raise ValueError(f"check {check.__qualname__}: a docstring paragraph after the statement must start with "
-                             f"'Measured:' or 'Note:', got {para.strip()[:40]!r}")
+        if m is None or m.group(1) not in labels:
+            raise ValueError(f"{where}: a paragraph after the statement must start with "
+                             f"{' or '.join(repr(x + ':') for x in labels)}, got {para.strip()[:40]!r}")
         out[_FIELD[m.group(1)]] = one_line(m.group(2))
     return out
+
+
+def parse_docstring(check: Callable) -> dict:
+    """A check's docstring as claim fields (:func:`parse_text`: statement, ``Measured:``, ``Note:``)."""
+    doc = inspect.getdoc(check)
+    if not doc:
+        raise ValueError(f"check {check.__qualname__} has no docstring: the docstring is the claim's statement")
+    return parse_text(doc, f"check {check.__qualname__}")
 
 
 def claim(id: str, *, paper: str, source: str, strategy: Callable[[], Any], implementation: Callable,
@@ -181,6 +186,16 @@ def with_defaults(**defaults) -> tuple:
 def for_paper(paper: str, **defaults) -> tuple:
     """``(claim, erratum)`` for the claims of one paper: :func:`with_defaults` with ``paper``."""
     return with_defaults(paper=paper, **defaults)
+
+
+def not_checkable(id: str, *, paper: str, source: str, text: str) -> None:
+    """Register a statement of a paper that no computation can check, and why (docs/claims.md lists it).
+
+    ``text``: the statement, then a paragraph ``Why: ...`` (the reason)."""
+    fields = parse_text(text, f"claim {id}", labels=("Why",))
+    if "reason" not in fields:
+        raise ValueError(f"claim {id}: say why it is not checkable (a paragraph 'Why: ...')")
+    register_uncheckable(Uncheckable(id, paper, source, fields["statement"], fields["reason"]))
 
 
 def register_uncheckable(*items: Uncheckable) -> None:

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, FAILS, MP, WORKING, Measurement, Uncheckable
-from ..registry import Twin, for_paper, register_uncheckable
+from ..claim import ALL_PRECISIONS, FAILS, MP, WORKING, Measurement
+from ..registry import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mp_vector_tensor,
                       mpf, worst)
 
@@ -1210,17 +1210,19 @@ def _check_j9(case, impl, prec) -> Measurement:
         return exact_inequality(mpla.fro(x), bound, "||g_l|| <= prod ||J_j|| ||g_head||")
 
 
-register_uncheckable(
-    Uncheckable("echo.experiments", "echo", "Echo Secs. 4-5, Tables 2-4, Figs. 1-6, App. G-H",
-                "Retrieval accuracies, perplexities and benchmark scores.",
-                "Training runs; the reported numbers' arithmetic is checked by echo reported-number claims."),
-    Uncheckable("echo.s323.attention_solves_ridge", "echo", "Echo Sec. 3.2.3, Sec. 6.1 (Goel et al.)",
-                "Softmax attention trained to convergence implicitly solves the ridge objective.",
-                "A cited theorem about training dynamics of another model."),
-    Uncheckable("echo.s323.rank_compression", "echo", "Echo Sec. 3.2.3, 'Gradient flow'",
-                "Softmax layers compress gradients by an entropy-dependent effective rank that compounds across depth.",
-                "Qualitative (cites Godey and Artzi); its precise content is Props. J.1-J.3 and J.9, checked."),
-)
+not_checkable("echo.experiments", paper="echo", source="Echo Secs. 4-5, Tables 2-4, Figs. 1-6, App. G-H", text="""
+    Retrieval accuracies, perplexities and benchmark scores.
+
+    Why: Training runs; the reported numbers' arithmetic is checked by echo reported-number claims.""")
+not_checkable("echo.s323.attention_solves_ridge", paper="echo",
+              source="Echo Sec. 3.2.3, Sec. 6.1 (Goel et al.)", text="""
+    Softmax attention trained to convergence implicitly solves the ridge objective.
+
+    Why: A cited theorem about training dynamics of another model.""")
+not_checkable("echo.s323.rank_compression", paper="echo", source="Echo Sec. 3.2.3, 'Gradient flow'", text="""
+    Softmax layers compress gradients by an entropy-dependent effective rank that compounds across depth.
+
+    Why: Qualitative (cites Godey and Artzi); its precise content is Props. J.1-J.3 and J.9, checked.""")
 
 
 # --------------------------------------------------------- Sec. 3.2.1 footnote 1, Sec. 3.2.3 estimator

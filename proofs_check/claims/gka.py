@@ -18,8 +18,8 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, MP, Measurement, Uncheckable
-from ..registry import Twin, for_paper, register_uncheckable
+from ..claim import ALL_PRECISIONS, MP, Measurement
+from ..registry import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, formed, mode_of, mpf,
                       rel64, worst)
 
@@ -620,19 +620,21 @@ def _check_omega_star_increasing(case, impl, prec) -> Measurement:
         return exact_inequality(impl["omega_star_mp"](lo), impl["omega_star_mp"](hi), "omega_1*(rho) increasing")
 
 
-register_uncheckable(
-    Uncheckable("gka.remark1.first_order_limit", "gka", "GKA App. D.1, Remark 1",
-                "First-order methods converge at most at rate R_a.",
-                "A lower bound over all first-order methods (Nesterov's theorem); no finite computation checks it."),
-    Uncheckable("gka.remark2.cg_divisor", "gka", "GKA App. E.1, Remark 2 / Fig. 5b",
-                "Reversing CG divides by quantities as small as 1e-3 or as large as 1e10.",
-                "An empirical figure of the authors' runs; the figures module reproduces our own version "
-                "(analysis/figures/cg_reversal.py), not theirs."),
-    Uncheckable("gka.fig1", "gka", "GKA Sec. 4.2.3, Fig. 1",
-                "CG converges fastest in a few iterations, CH reaches CG's accuracy at iteration 10 and attains the smallest "
-                "error; CH's gradients match the exact solver to 1e-6.",
-                "Empirical on the authors' 5-layer LLaMA; regenerated at small scale by analysis/figures/gka_fig1a.py."),
-    Uncheckable("gka.experiments", "gka", "GKA Secs. 5-6, App. F-N",
-                "Benchmark results (MQAR, LM-Harness, RULER/HELMET, ImageNet, throughput).",
-                "Training runs; table arithmetic is checked in gka reported-number claims."),
-)
+not_checkable("gka.remark1.first_order_limit", paper="gka", source="GKA App. D.1, Remark 1", text="""
+    First-order methods converge at most at rate R_a.
+
+    Why: A lower bound over all first-order methods (Nesterov's theorem); no finite computation checks it.""")
+not_checkable("gka.remark2.cg_divisor", paper="gka", source="GKA App. E.1, Remark 2 / Fig. 5b", text="""
+    Reversing CG divides by quantities as small as 1e-3 or as large as 1e10.
+
+    Why: An empirical figure of the authors' runs; the figures module reproduces our own version
+    (analysis/figures/cg_reversal.py), not theirs.""")
+not_checkable("gka.fig1", paper="gka", source="GKA Sec. 4.2.3, Fig. 1", text="""
+    CG converges fastest in a few iterations, CH reaches CG's accuracy at iteration 10 and attains the smallest
+    error; CH's gradients match the exact solver to 1e-6.
+
+    Why: Empirical on the authors' 5-layer LLaMA; regenerated at small scale by analysis/figures/gka_fig1a.py.""")
+not_checkable("gka.experiments", paper="gka", source="GKA Secs. 5-6, App. F-N", text="""
+    Benchmark results (MQAR, LM-Harness, RULER/HELMET, ImageNet, throughput).
+
+    Why: Training runs; table arithmetic is checked in gka reported-number claims.""")
