@@ -447,15 +447,21 @@ def _check_locality(case, impl, prec) -> Measurement:
 # ------------------------------------------------------------------ chunkwise: Props. 3-4, Algorithm 1
 
 
+def _decay_products(alphas) -> list:
+    """gamma_i = alpha_1 ... alpha_i (i = 1..T), exactly."""
+    gam, g = [], mpf(1)
+    for a in alphas:
+        g = g * mpf(a)
+        gam.append(g)
+    return gam
+
+
 def _mp_chunk(case, normalize_chunk: bool):
     """Algorithm 1 (right) as printed: gamma, B, D_gamma, A, A^-; solve (7); outputs (8) and state (9)."""
     K, V, Q = mpla.mat(case["K"]), mpla.mat(case["V"]), mpla.mat(case["Q"])
     S0 = mpla.mat(case["S0"])
     T = K.rows
-    gam, g = [], mpf(1)
-    for a in case["alpha"]:
-        g = g * mpf(a)
-        gam.append(g)
+    gam = _decay_products(case["alpha"])
     beta = [mp_beta(K[i, :].T, case["eta"][i], case["eps"]) for i in range(T)]
     B, Dg = mpmath.diag(beta), mpmath.diag(gam)
     A, Am = mpmath.matrix(T, T), mpmath.matrix(T, T)
@@ -477,10 +483,7 @@ def _chunk_condition(case) -> float:
     with mpla.exact():
         K = mpla.mat(case["K"])
         T = K.rows
-        gam, g = [], mpf(1)
-        for a in case["alpha"]:
-            g = g * mpf(a)
-            gam.append(g)
+        gam = _decay_products(case["alpha"])
         M = mpla.eye(T)
         for i in range(T):
             b = mp_beta(K[i, :].T, case["eta"][i], case["eps"])
@@ -574,10 +577,7 @@ def _wy(form, which):
             K = [mpla.vec(k) for k in case["K"]]
             V = [mpla.vec(v) for v in case["V"]]
             T, dk, dv = len(K), K[0].rows, V[0].rows
-            gam, g = [], mpf(1)
-            for a in case["alpha"]:
-                g = g * mpf(a)
-                gam.append(g)
+            gam = _decay_products(case["alpha"])
             beta = [mp_beta(K[i], case["eta"][i], case["eps"]) for i in range(T)]
             W, U, parts = [], [], []
             P_true, H_true = mpla.eye(dk), mpla.zeros(dk, dv)
@@ -644,10 +644,7 @@ def _check_wy_solver(case, impl, prec) -> Measurement:
         Kv = [mpla.vec(k) for k in case["K"]]
         Vv = [mpla.vec(v) for v in case["V"]]
         dk, dv, T = Kv[0].rows, Vv[0].rows, len(Kv)
-        gam, g = [], mpf(1)
-        for a in case["alpha"]:
-            g = g * mpf(a)
-            gam.append(g)
+        gam = _decay_products(case["alpha"])
         P_true, H_true, Wt, Ut, errs = mpla.eye(dk), mpla.zeros(dk, dv), [], [], []
         for i in range(T):
             b = mp_beta(Kv[i], case["eta"][i], case["eps"])
