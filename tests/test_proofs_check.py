@@ -184,3 +184,28 @@ def test_erratum_registers_linked_twins(monkeypatch):
 def test_every_claim_names_its_file():
     for c in registry.all_claims():
         assert c.file.startswith("proofs_check/claims/") and c.file.endswith(".py"), (c.id, c.file)
+
+
+def test_not_checkable_reads_statement_and_reason(monkeypatch):
+    monkeypatch.setattr(registry, "_UNCHECKABLE", {})
+    registry.not_checkable("kla.toy", paper="kla", source="s", text="""
+        A statement over
+        two lines.
+
+        Why: no computation decides it.""")
+    u = registry._UNCHECKABLE["kla.toy"]
+    assert (u.statement, u.reason) == ("A statement over two lines.", "no computation decides it.")
+    with pytest.raises(ValueError, match="Why"):
+        registry.not_checkable("kla.toy2", paper="kla", source="s", text="Only a statement.")
+
+
+def test_old_kla_claims_path_warns_and_reexports():
+    import importlib
+    import sys
+
+    from proofs_check import kla_gaps
+
+    sys.modules.pop("analysis.kla_claims", None)
+    with pytest.warns(DeprecationWarning, match="proofs_check.kla_gaps"):
+        old = importlib.import_module("analysis.kla_claims")
+    assert old.proposition5_gap is kla_gaps.proposition5_gap
