@@ -75,21 +75,23 @@ def one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-_LABELLED = re.compile(r"^(Measured|Note|Why):\s+(.*)$", re.S)
-_FIELD = {"Measured": "quantity", "Note": "note", "Why": "reason"}
+_LABELLED = re.compile(r"^([A-Z][a-z]+):\s+(.*)$", re.S)
+CLAIM_FIELDS = {"Measured": "quantity", "Note": "note"}
 
 
-def parse_text(text: str, where: str, labels=("Measured", "Note")) -> dict:
-    """Declared text as fields: the first paragraph is the ``statement``; a later paragraph
-    ``Measured: ...`` is the ``quantity``, ``Note: ...`` the ``note``, ``Why: ...`` the ``reason``."""
+def parse_text(text: str, where: str, fields: Optional[dict] = None) -> dict:
+    """Declared text as fields: the first paragraph is the ``statement``; each later paragraph
+    starts with a label of ``fields`` (default :data:`CLAIM_FIELDS`: ``Measured: ...`` is the
+    ``quantity``, ``Note: ...`` the ``note``). Line breaks become spaces."""
+    fields = CLAIM_FIELDS if fields is None else fields
     first, *rest = re.split(r"\n\s*\n", inspect.cleandoc(text).strip())
     out = {"statement": one_line(first)}
     for para in rest:
         m = _LABELLED.match(para.strip())
-        if m is None or m.group(1) not in labels:
-            raise ValueError(f"{where}: a paragraph after the statement must start with "
-                             f"{' or '.join(repr(x + ':') for x in labels)}, got {para.strip()[:40]!r}")
-        out[_FIELD[m.group(1)]] = one_line(m.group(2))
+        if m is None or m.group(1) not in fields:
+            raise ValueError(f"{where}: a paragraph after the first must start with "
+                             f"{' or '.join(repr(x + ':') for x in fields)}, got {para.strip()[:40]!r}")
+        out[fields[m.group(1)]] = one_line(m.group(2))
     return out
 
 
@@ -192,7 +194,7 @@ def not_checkable(id: str, *, paper: str, source: str, text: str) -> None:
     """Register a statement of a paper that no computation can check, and why (docs/claims.md lists it).
 
     ``text``: the statement, then a paragraph ``Why: ...`` (the reason)."""
-    fields = parse_text(text, f"claim {id}", labels=("Why",))
+    fields = parse_text(text, f"claim {id}", {"Why": "reason"})
     if "reason" not in fields:
         raise ValueError(f"claim {id}: say why it is not checkable (a paragraph 'Why: ...')")
     register_uncheckable(Uncheckable(id, paper, source, fields["statement"], fields["reason"]))
