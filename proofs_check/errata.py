@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import parse_text
+from .declare import parse_text
 
 SEVERITIES = ("substantive", "numerical", "out-of-setting", "degenerate", "wording", "rounding")
 HEADLINE = ("substantive", "numerical")

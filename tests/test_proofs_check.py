@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import proofs_check
 from analysis.strategies.bf16 import bf16_floats, bf16_tensors, is_bf16, to_bf16
 from analysis.strategies.ridge import eigenvalue_bounds, gka_sequences, gka_systems
-from proofs_check import registry, runner
+from proofs_check import declare, registry, runner
 from proofs_check.claim import CORRECTED, EXTENSION, FAILS, HOLDS, PRINTED, WORKING, Measurement
 
 PAPERS = ("gka", "kla", "echo", "gates")
@@ -143,7 +143,7 @@ def _toy_factory(form):
 
 def test_claim_decorator_takes_the_docstring_as_statement(monkeypatch):
     monkeypatch.setattr(registry, "_CLAIMS", {})
-    claim, _ = registry.for_paper("kla", implementation=dict)
+    claim, _ = declare.for_paper("kla", implementation=dict)
 
     @claim("kla.toy", source="nowhere", quantity="the case", strategy=lambda: st.just(0.5))
     def check(case, impl, prec):
@@ -166,9 +166,9 @@ def test_claim_decorator_takes_the_docstring_as_statement(monkeypatch):
 
 def test_erratum_registers_linked_twins(monkeypatch):
     monkeypatch.setattr(registry, "_CLAIMS", {})
-    _, erratum = registry.for_paper("kla", implementation=dict)
-    erratum(registry.Twin("kla.toy.printed", source="p", statement="printed", examples=(0.5,), note="n"),
-            registry.Twin("kla.toy.corrected", source="c", statement="corrected", quantity="own quantity"),
+    _, erratum = declare.for_paper("kla", implementation=dict)
+    erratum(declare.Twin("kla.toy.printed", source="p", statement="printed", examples=(0.5,), note="n"),
+            declare.Twin("kla.toy.corrected", source="c", statement="corrected", quantity="own quantity"),
             check=_toy_factory, strategy=lambda: st.just(0.5), quantity="shared quantity", precisions=("mp", "float64"))
     p, c = registry._CLAIMS["kla.toy.printed"], registry._CLAIMS["kla.toy.corrected"]
     assert (p.form, p.expected, p.twin, p.examples, p.quantity) == (PRINTED, FAILS, c.id, (0.5,), "shared quantity")
@@ -176,8 +176,8 @@ def test_erratum_registers_linked_twins(monkeypatch):
     assert p.precisions == c.precisions == ("mp", "float64") and p.strategy is c.strategy
     assert not p.check(0.5, {}, "mp").ok and c.check(0.5, {}, "mp").ok
     with pytest.raises(ValueError, match="counterexample"):
-        erratum(registry.Twin("kla.toy2.printed", source="p", statement="s"),
-                registry.Twin("kla.toy2.corrected", source="c", statement="s"),
+        erratum(declare.Twin("kla.toy2.printed", source="p", statement="s"),
+                declare.Twin("kla.toy2.corrected", source="c", statement="s"),
                 check=_toy_factory, strategy=lambda: st.just(0.5), quantity="q")
 
 
@@ -188,7 +188,7 @@ def test_every_claim_names_its_file():
 
 def test_not_checkable_reads_statement_and_reason(monkeypatch):
     monkeypatch.setattr(registry, "_UNCHECKABLE", {})
-    registry.not_checkable("kla.toy", paper="kla", source="s", text="""
+    declare.not_checkable("kla.toy", paper="kla", source="s", text="""
         A statement over
         two lines.
 
@@ -196,7 +196,7 @@ def test_not_checkable_reads_statement_and_reason(monkeypatch):
     u = registry._UNCHECKABLE["kla.toy"]
     assert (u.statement, u.reason) == ("A statement over two lines.", "no computation decides it.")
     with pytest.raises(ValueError, match="Why"):
-        registry.not_checkable("kla.toy2", paper="kla", source="s", text="Only a statement.")
+        declare.not_checkable("kla.toy2", paper="kla", source="s", text="Only a statement.")
 
 
 def test_old_kla_claims_path_warns_and_reexports():

@@ -19,7 +19,7 @@ from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds,
 
 from .. import mpla
 from ..claim import ALL_PRECISIONS, MP, Measurement
-from ..registry import Twin, for_paper, not_checkable
+from ..declare import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, formed, mode_of, mpf,
                       rel64, worst)
 

@@ -21,7 +21,7 @@ from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds,
 
 from .. import mpla
 from ..claim import ALL_PRECISIONS, EXTENSION, FAILS, MP, Measurement
-from ..registry import Twin, for_paper
+from ..declare import Twin, for_paper
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
                       worst)
 from .gka import mp_chebyshev, mp_omega_star, mp_ridge, mp_states, mp_weights

@@ -17,7 +17,7 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
 from ..claim import ALL_PRECISIONS, MP, WORKING, Measurement
-from ..registry import Twin, for_paper, not_checkable
+from ..declare import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mpf, rel64,
                       worst)
 

@@ -13,7 +13,7 @@ from fractions import Fraction
 from hypothesis import strategies as st
 
 from ..claim import Measurement
-from ..registry import Twin, for_paper, not_checkable
+from ..declare import Twin, for_paper, not_checkable
 from ._common import formed, worst
 
 
