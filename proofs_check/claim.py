@@ -99,6 +99,7 @@ class Claim:
     examples: cases always tried first (hypothesis ``@example``): for a printed form, the
         shrunk counterexample hypothesis found.
     note: anything the report should say (e.g. why a precision is excluded).
+    file: the claim module that defines it (``proofs_check/claims/kla.py``), set on registration.
     """
 
     id: str
@@ -116,6 +117,7 @@ class Claim:
     loose: Optional[float] = None
     examples: tuple = ()
     note: str = ""
+    file: str = ""
 
     def __post_init__(self):
         if self.paper not in PAPERS:

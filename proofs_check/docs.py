@@ -133,11 +133,11 @@ def claims_markdown(record: dict) -> str:
     lines.append("")
     for paper, title in PAPERS.items():
         pc = [c for c in claims if c.paper == paper]
-        lines += [f"## {title}", "", "| id | source | claim | precisions | measured (worst / bound) | status |",
-                  "|---|---|---|---|---|---|"]
+        lines += [f"## {title}", "", "| id | source | claim | precisions | measured (worst / bound) | status | file |",
+                  "|---|---|---|---|---|---|---|"]
         for c in pc:
             lines.append(f"| `{c.id}` | {_esc(c.source)} | {_esc(c.statement)} | {', '.join(c.precisions)} | "
-                         f"{_esc(_measured(c, record))} | {_esc(_status(c))} |")
+                         f"{_esc(_measured(c, record))} | {_esc(_status(c))} | `{c.file}` |")
         lines.append("")
         notes = [c for c in pc if c.note]
         if notes:

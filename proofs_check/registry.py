@@ -2,12 +2,18 @@
 
 Claim modules live in :mod:`proofs_check.claims` (one per paper); :func:`all_claims` imports
 them on first use, so importing :mod:`proofs_check` stays cheap.
+
+Claim modules declare their claims with :mod:`proofs_check.declare` (``@claim`` on a check,
+``erratum(...)``, ``not_checkable(...)``); each claim remembers the file that declared it
+(``Claim.file``, a column of docs/claims.md).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
+import pathlib
+import sys
 from typing import Iterable, Optional
 
 from .claim import PAPERS, Claim, Uncheckable
@@ -19,14 +25,37 @@ _LOADED = False
 CLAIM_MODULES = ("gka", "gka_backward", "kla", "echo", "gates", "reported")
 
 
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def declaring_file(depth: int) -> str:
+    """Repository-relative path of the module ``depth`` frames up (the claim module declaring)."""
+    name = sys._getframe(depth + 1).f_globals.get("__name__", "")
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if path is None:
+        return ""
+    path = pathlib.Path(path).resolve()
+    return str(path.relative_to(_ROOT)) if path.is_relative_to(_ROOT) else path.name
+
+
+def add(c: Claim, file: str) -> None:
+    """Register one claim, declared in ``file``."""
+    if c.id in _CLAIMS:
+        raise ValueError(f"claim {c.id} registered twice")
+    if not c.file:
+        c.file = file
+    _CLAIMS[c.id] = c
+
+
 def register(*claims: Claim) -> None:
+    """Register ready-made :class:`Claim` objects (claim modules use :mod:`proofs_check.declare`)."""
+    file = declaring_file(1)
     for c in claims:
-        if c.id in _CLAIMS:
-            raise ValueError(f"claim {c.id} registered twice")
-        _CLAIMS[c.id] = c
+        add(c, file)
 
 
 def register_uncheckable(*items: Uncheckable) -> None:
+    """Register statements no computation can check, with the reason."""
     for u in items:
         if u.id in _UNCHECKABLE or u.id in _CLAIMS:
             raise ValueError(f"claim {u.id} registered twice")

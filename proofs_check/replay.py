@@ -27,7 +27,8 @@ from typing import Optional
 
 from .claim import FAILS, HOLDS, Claim, Result
 
-_SOURCES = ("proofs_check/claims", "proofs_check/claim.py", "proofs_check/mpla.py", "proofs_check/runner.py",
+_SOURCES = ("proofs_check/claims", "proofs_check/claim.py", "proofs_check/declare.py", "proofs_check/mpla.py",
+            "proofs_check/runner.py",
             "analysis/strategies")
 _ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from analysis.kaczmarz_bounds import gamma, kla_chunkwise_bound, kla_tokenwise_bound
 from analysis.kaczmarz_mp import mp_kla, working_scalar
-from analysis import kla_claims as claims
+from proofs_check import kla_gaps as claims
 from analysis.precision import PRECISIONS
 from analysis.strategies import kla_case, kla_cases
 from solvers import (

@@ -11,12 +11,13 @@ import math
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import proofs_check
 from analysis.strategies.bf16 import bf16_floats, bf16_tensors, is_bf16, to_bf16
 from analysis.strategies.ridge import eigenvalue_bounds, gka_sequences, gka_systems
-from proofs_check import registry, runner
-from proofs_check.claim import CORRECTED, EXTENSION, FAILS, HOLDS, PRINTED, WORKING
+from proofs_check import declare, registry, runner
+from proofs_check.claim import CORRECTED, EXTENSION, FAILS, HOLDS, PRINTED, WORKING, Measurement
 
 PAPERS = ("gka", "kla", "echo", "gates")
 
@@ -129,3 +130,82 @@ def test_claims_md_lists_every_claim():
     missing = [c.id for c in registry.all_claims() if f"`{c.id}`" not in text]
     missing += [u.id for u in registry.uncheckable() if f"`{u.id}`" not in text]
     assert not missing, f"regenerate docs/claims.md (python -m proofs_check --write-docs): {missing}"
+
+
+# ------------------------------------------------------------------ declaring claims: @claim and erratum()
+
+
+def _toy_factory(form):
+    def check(case, impl, prec):
+        return Measurement(float(case), 0.0 if form == "printed" else 1.0)
+    return check
+
+
+def test_claim_decorator_takes_the_docstring_as_statement(monkeypatch):
+    monkeypatch.setattr(registry, "_CLAIMS", {})
+    claim, _ = declare.for_paper("kla", implementation=dict)
+
+    @claim("kla.toy", source="nowhere", quantity="the case", strategy=lambda: st.just(0.5))
+    def check(case, impl, prec):
+        """The toy statement,
+        over two lines."""
+        return Measurement(case, 1.0)
+
+    c = registry._CLAIMS["kla.toy"]
+    assert c.statement == "The toy statement, over two lines." and c.check is check and c.paper == "kla"
+    assert c.file == "tests/test_proofs_check.py"
+    with pytest.raises(ValueError, match="registered twice"):
+        claim("kla.toy", source="s", quantity="q", strategy=lambda: st.just(0.5))(check)
+
+    def undocumented(case, impl, prec):
+        return Measurement(case, 1.0)
+
+    with pytest.raises(ValueError, match="no docstring"):
+        claim("kla.toy2", source="s", quantity="q", strategy=lambda: st.just(0.5))(undocumented)
+
+
+def test_erratum_registers_linked_twins(monkeypatch):
+    monkeypatch.setattr(registry, "_CLAIMS", {})
+    _, erratum = declare.for_paper("kla", implementation=dict)
+    erratum(declare.Twin("kla.toy.printed", source="p", statement="printed", examples=(0.5,), note="n"),
+            declare.Twin("kla.toy.corrected", source="c", statement="corrected", quantity="own quantity"),
+            check=_toy_factory, strategy=lambda: st.just(0.5), quantity="shared quantity", precisions=("mp", "float64"))
+    p, c = registry._CLAIMS["kla.toy.printed"], registry._CLAIMS["kla.toy.corrected"]
+    assert (p.form, p.expected, p.twin, p.examples, p.quantity) == (PRINTED, FAILS, c.id, (0.5,), "shared quantity")
+    assert (c.form, c.expected, c.twin, c.examples, c.quantity) == (CORRECTED, HOLDS, p.id, (), "own quantity")
+    assert p.precisions == c.precisions == ("mp", "float64") and p.strategy is c.strategy
+    assert not p.check(0.5, {}, "mp").ok and c.check(0.5, {}, "mp").ok
+    with pytest.raises(ValueError, match="counterexample"):
+        erratum(declare.Twin("kla.toy2.printed", source="p", statement="s"),
+                declare.Twin("kla.toy2.corrected", source="c", statement="s"),
+                check=_toy_factory, strategy=lambda: st.just(0.5), quantity="q")
+
+
+def test_every_claim_names_its_file():
+    for c in registry.all_claims():
+        assert c.file.startswith("proofs_check/claims/") and c.file.endswith(".py"), (c.id, c.file)
+
+
+def test_not_checkable_reads_statement_and_reason(monkeypatch):
+    monkeypatch.setattr(registry, "_UNCHECKABLE", {})
+    declare.not_checkable("kla.toy", paper="kla", source="s", text="""
+        A statement over
+        two lines.
+
+        Why: no computation decides it.""")
+    u = registry._UNCHECKABLE["kla.toy"]
+    assert (u.statement, u.reason) == ("A statement over two lines.", "no computation decides it.")
+    with pytest.raises(ValueError, match="Why"):
+        declare.not_checkable("kla.toy2", paper="kla", source="s", text="Only a statement.")
+
+
+def test_old_kla_claims_path_warns_and_reexports():
+    import importlib
+    import sys
+
+    from proofs_check import kla_gaps
+
+    sys.modules.pop("analysis.kla_claims", None)
+    with pytest.warns(DeprecationWarning, match="proofs_check.kla_gaps"):
+        old = importlib.import_module("analysis.kla_claims")
+    assert old.proposition5_gap is kla_gaps.proposition5_gap

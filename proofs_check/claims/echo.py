@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
-from ..registry import register, register_uncheckable
+from ..claim import ALL_PRECISIONS, FAILS, MP, WORKING, Measurement
+from ..declare import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mp_vector_tensor,
                       mpf, worst)
 
@@ -128,9 +128,7 @@ def _stored_zv(case, ar):
     return torch.tensor(case["Z"], dtype=F64).to(ar.dtype), torch.tensor(case["V"], dtype=F64).to(ar.dtype)
 
 
-def echo(**kw) -> Claim:
-    kw.setdefault("implementation", _impl)
-    return Claim(paper="echo", **kw)
+claim, erratum = for_paper("echo", implementation=_impl)
 
 
 # ------------------------------------------------------------------------- Appendix A
@@ -166,23 +164,25 @@ def _a1(form):
 
 
 _A1_EXAMPLE = {"Z": ((1.0, 0.0), (1.0, 1.0), (0.0, 1.0)), "V": ((0.0,),) * 3, "q": (0.0, 0.0), "eps": 1.0}  # M not symmetric
-register(
-    echo(id="echo.a1", source="Echo App. A.1, Proposition A.1",
-         statement="For G = sum_{t<T} z_t z_t^T invertible, A* = M G^{-1} minimises sum_t ||z_{t+1} - A z_t||^2 "
-                   "(M = sum z_{t+1} z_t^T).",
-         quantity="mp: the gradient of the objective at M G^{-1} (mpmath.diff), held to 1e-30.",
-         strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2), check=_a1("statement")),
-    echo(id="echo.a1.eq19.printed", source="Echo App. A.1, eq. (19)",
-         statement="Setting the derivative to zero gives -2 M^T + 2 A G = 0, i.e. A = M^T G^{-1} (the proof's step).",
-         quantity="mp: the gradient of the objective at M^T G^{-1}.",
-         strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2), check=_a1("eq19"), expected=FAILS, twin="echo.a1",
-         examples=(_A1_EXAMPLE,),
-         note="The derivative of -2 tr(A sum z_t z_{t+1}^T) is -2M, not -2M^T; transposing A = M^T G^{-1} gives "
-              "A^T = G^{-1} M, not A = M G^{-1}. The statement is right, only this step is wrong."),
-)
+claim("echo.a1",
+      statement="""For G = sum_{t<T} z_t z_t^T invertible, A* = M G^{-1} minimises sum_t ||z_{t+1} - A z_t||^2 (M =
+                   sum z_{t+1} z_t^T).""", source="Echo App. A.1, Proposition A.1",
+      quantity="""mp: the gradient of the objective at M G^{-1} (mpmath.diff), held to 1e-30.""",
+      strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2))(_a1("statement"))
+claim("echo.a1.eq19.printed",
+      statement="""Setting the derivative to zero gives -2 M^T + 2 A G = 0, i.e. A = M^T G^{-1} (the proof's step).""",
+      source="Echo App. A.1, eq. (19)", quantity="""mp: the gradient of the objective at M^T G^{-1}.""",
+      strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2), expected=FAILS, twin="echo.a1", examples=(_A1_EXAMPLE,),
+      note="""The derivative of -2 tr(A sum z_t z_{t+1}^T) is -2M, not -2M^T; transposing A = M^T G^{-1} gives A^T =
+              G^{-1} M, not A = M G^{-1}. The statement is right, only this step is wrong.""")(_a1("eq19"))
 
 
+@claim("echo.a1.remark1", source="Echo App. A.1, Remark 1", strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2))
 def _check_a1_remark(case, impl, prec) -> Measurement:
+    """Replacing the lagged M by G gives A = I whatever the data.
+
+    Measured: mp: G G^{-1} against I.
+    """
     with mpla.exact():
         _, G, _ = _lag_stats(case)
         if mpmath.det(G) == 0:
@@ -190,14 +190,14 @@ def _check_a1_remark(case, impl, prec) -> Measurement:
         return exact_identity(impl["koopman_estimator_mp"](G, G), mpla.eye(G.rows), "G G^{-1} = I")
 
 
-register(echo(
-    id="echo.a1.remark1", source="Echo App. A.1, Remark 1",
-    statement="Replacing the lagged M by G gives A = I whatever the data.",
-    quantity="mp: G G^{-1} against I.", strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=2), check=_check_a1_remark,
-))
-
-
+@claim("echo.a2", source="Echo App. A.2, Proposition A.2, eq. (21)",
+       strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=3))
 def _check_a2(case, impl, prec) -> Measurement:
+    """A_eps = M G~^{-1} = M V diag(1/(sigma_j + eps)) V^T, so directions with sigma_j << eps are shrunk to 0: ||A_eps
+    v_j|| <= sqrt(sigma_j sum ||z_{t+1}||^2)/(sigma_j + eps) -> 0 as sigma_j -> 0.
+
+    Measured: mp: eq. (21) held to 1e-30, and the shrinkage bound per eigendirection.
+    """
     with mpla.exact():
         Z, G, M = _lag_stats(case)
         eps = mpf(case["eps"])
@@ -211,28 +211,16 @@ def _check_a2(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.a2", source="Echo App. A.2, Proposition A.2, eq. (21)",
-    statement="A_eps = M G~^{-1} = M V diag(1/(sigma_j + eps)) V^T, so directions with sigma_j << eps are shrunk to 0: "
-              "||A_eps v_j|| <= sqrt(sigma_j sum ||z_{t+1}||^2)/(sigma_j + eps) -> 0 as sigma_j -> 0.",
-    quantity="mp: eq. (21) held to 1e-30, and the shrinkage bound per eigendirection.",
-    strategy=lambda: _seq_cases(min_T=2, max_T=5, max_r=3), check=_check_a2,
-))
-
-
+@claim("echo.a3", source="Echo App. A.3, Proposition A.3; App. I.3, Proposition I.4", strategy=_seq_cases)
 def _check_a3(case, impl, prec) -> Measurement:
+    """A_w = L^{-1} M L^{-T} = L^{-1} A_eps L: the whitened operator is similar to A_eps = M G~^{-1} (same eigenvalues).
+
+    Measured: mp: the similarity identity, held to 1e-30.
+    """
     with mpla.exact():
         s = impl["stats_mp"](case)
         A_eps = s["M"] * mpla.inv(s["Gt"])
         return exact_identity(s["Li"] * A_eps * s["L"], impl["whitened_mp"](s), "L^{-1} A_eps L = A_w")
-
-
-register(echo(
-    id="echo.a3", source="Echo App. A.3, Proposition A.3; App. I.3, Proposition I.4",
-    statement="A_w = L^{-1} M L^{-T} = L^{-1} A_eps L: the whitened operator is similar to A_eps = M G~^{-1} "
-              "(same eigenvalues).",
-    quantity="mp: the similarity identity, held to 1e-30.", strategy=_seq_cases, check=_check_a3,
-))
 
 
 @formed
@@ -250,21 +238,25 @@ def _remark2(form):
     return check
 
 
-register(
-    echo(id="echo.a3.remark2.printed", source="Echo App. A.3, Remark 2",
-         statement="The naive product G~^{-1} M is not similar to A_eps in general and can have a different eigenspectrum.",
-         quantity="mp: value 1 when G~^{-1} M = G~^{-1} A_eps G~ (a similarity) on the case, held to 0.",
-         strategy=_seq_cases, check=_remark2("printed"), expected=FAILS, twin="echo.a3.remark2.corrected",
-         examples=(_A1_EXAMPLE,)),
-    echo(id="echo.a3.remark2.corrected", source="Echo App. A.3, Remark 2 (corrected)",
-         statement="G~^{-1} M = G~^{-1} (M G~^{-1}) G~ is always similar to A_eps (XY and YX share eigenvalues); whitening "
-                   "matters for conditioning, not for the spectrum.",
-         quantity="mp: the similarity identity, held to 1e-30.", strategy=_seq_cases, check=_remark2("corrected"),
-         form=CORRECTED, twin="echo.a3.remark2.printed"),
-)
+erratum(Twin("echo.a3.remark2.printed", source="Echo App. A.3, Remark 2",
+             statement="""The naive product G~^{-1} M is not similar to A_eps in general and can have a different
+                          eigenspectrum.""",
+             quantity="""mp: value 1 when G~^{-1} M = G~^{-1} A_eps G~ (a similarity) on the case, held to 0.""",
+             examples=(_A1_EXAMPLE,)),
+        Twin("echo.a3.remark2.corrected", source="Echo App. A.3, Remark 2 (corrected)",
+             statement="""G~^{-1} M = G~^{-1} (M G~^{-1}) G~ is always similar to A_eps (XY and YX share
+                          eigenvalues); whitening matters for conditioning, not for the spectrum.""",
+             quantity="""mp: the similarity identity, held to 1e-30."""), check=_remark2, strategy=_seq_cases)
 
 
+@claim("echo.a4", source="Echo App. A.4, Lemma A.4; App. I.2, Lemma I.1; App. F step 4", strategy=_seq_cases,
+       precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_gram_pd(case, impl, prec) -> Measurement:
+    """G~ = G + eps I is symmetric positive definite with lambda_min(G~) >= eps, so its Cholesky factor exists.
+
+    Measured: mp: lambda_min(G~) against eps. Working precisions: solvers.koopman.koopman_statistics' stored G~ (scale
+    1) has lambda_min >= eps - theta ||G~|_abs||_F (theta = analysis.koopman_mp.statistics_bound).
+    """
     if prec == MP:
         with mpla.exact():
             s = impl["stats_mp"](case)
@@ -281,16 +273,6 @@ def _check_gram_pd(case, impl, prec) -> Measurement:
     return Measurement(case["eps"] - lam, slack, "eps - lambda_min(stored G~)")
 
 
-register(echo(
-    id="echo.a4", source="Echo App. A.4, Lemma A.4; App. I.2, Lemma I.1; App. F step 4",
-    statement="G~ = G + eps I is symmetric positive definite with lambda_min(G~) >= eps, so its Cholesky factor exists.",
-    quantity="mp: lambda_min(G~) against eps. Working precisions: solvers.koopman.koopman_statistics' stored G~ "
-             "(scale 1) has lambda_min >= eps - theta ||G~|_abs||_F (theta = analysis.koopman_mp.statistics_bound).",
-    strategy=_seq_cases, check=_check_gram_pd, precisions=ALL_PRECISIONS,
-    implementation=_impl_solvers,
-))
-
-
 # ------------------------------------------------------------------------- Appendix B
 
 
@@ -304,7 +286,13 @@ def _complex_cases():
     return build()
 
 
+@claim("echo.b", source="Echo App. B, Prop. B.1, Thm. B.2, Cor. B.3, eqs. (30)-(32)", strategy=_complex_cases)
 def _check_cg_lift(case, impl, prec) -> Measurement:
+    """|z e^{i theta}|^2 = |z|^2 and (z e^{i theta})^2 = z^2 e^{2 i theta}; the invariant lift psi_inv(k)_j = |k_j|^2
+    and its Gram matrix do not depend on the phases; the harmonic channel rotates by 2 theta (eq. (32)).
+
+    Measured: mp: each identity (complex arithmetic at 50 digits), held to 1e-30.
+    """
     with mpla.exact():
         parts = []
         lifts, lifts_rot = [], []
@@ -329,15 +317,6 @@ def _check_cg_lift(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.b", source="Echo App. B, Prop. B.1, Thm. B.2, Cor. B.3, eqs. (30)-(32)",
-    statement="|z e^{i theta}|^2 = |z|^2 and (z e^{i theta})^2 = z^2 e^{2 i theta}; the invariant lift psi_inv(k)_j = |k_j|^2 "
-              "and its Gram matrix do not depend on the phases; the harmonic channel rotates by 2 theta (eq. (32)).",
-    quantity="mp: each identity (complex arithmetic at 50 digits), held to 1e-30.",
-    strategy=_complex_cases, check=_check_cg_lift,
-))
-
-
 # ------------------------------------------------------------------------- Appendix C
 
 
@@ -360,7 +339,16 @@ def _perturbed(case, impl):
     return s, EM, EG, Gh
 
 
+@claim("echo.c1", source="Echo App. C.1, Theorem C.1, eqs. (33)-(42); Corollary C.2", strategy=_pert_cases)
 def _check_c1(case, impl, prec) -> Measurement:
+    """||A^ - A|| <= ||E_M|| ||G^~^{-1}|| + ||A|| ||G~^{-1}|| ||E_G|| ||G^~^{-1}|| ||G~|| for A = M G~^{-1}, A^ = (M +
+    E_M)(G~ + E_G)^{-1}; with the resolvent identity (37) and eq. (41) exact.
+
+    Measured: mp: (37) and (41) held to 1e-30; ||A^ - A||_2 against the bound (33).
+
+    Note: Loose by kappa(G~) in the second term: the proof's ||M G~^{-1} E_G G^~^{-1}|| <= ||A|| ||E_G|| ||G^~^{-1}||
+    already bounds it; multiplying by ||G~^{-1}|| ||G~|| >= 1 only widens it.
+    """
     with mpla.exact():
         s, EM, EG, Gh = _perturbed(case, impl)
         if mpla.eigvalsh(Gh)[0] <= 0:
@@ -374,18 +362,13 @@ def _check_c1(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.c1", source="Echo App. C.1, Theorem C.1, eqs. (33)-(42); Corollary C.2",
-    statement="||A^ - A|| <= ||E_M|| ||G^~^{-1}|| + ||A|| ||G~^{-1}|| ||E_G|| ||G^~^{-1}|| ||G~|| for A = M G~^{-1}, "
-              "A^ = (M + E_M)(G~ + E_G)^{-1}; with the resolvent identity (37) and eq. (41) exact.",
-    quantity="mp: (37) and (41) held to 1e-30; ||A^ - A||_2 against the bound (33).",
-    strategy=_pert_cases, check=_check_c1,
-    note="Loose by kappa(G~) in the second term: the proof's ||M G~^{-1} E_G G^~^{-1}|| <= ||A|| ||E_G|| ||G^~^{-1}|| already "
-         "bounds it; multiplying by ||G~^{-1}|| ||G~|| >= 1 only widens it.",
-))
-
-
+@claim("echo.c3", source="Echo App. C.2, Theorem C.3 (Bauer-Fike), eqs. (43)-(44)", strategy=_pert_cases)
 def _check_bauer_fike(case, impl, prec) -> Measurement:
+    """For diagonalizable A = V Lambda V^{-1}, every eigenvalue of A + E is within kappa(V) ||E|| of an eigenvalue of A.
+
+    Measured: mp: for every eigenvalue of A + E_M (A = M G~^{-1}), the distance to A's spectrum against kappa(V)
+    ||E_M||.
+    """
     with mpla.exact():
         s, EM, _, _ = _perturbed(case, impl)
         A = s["M"] * mpla.inv(s["Gt"])
@@ -409,15 +392,18 @@ def _cond_complex(V) -> mpmath.mpf:
     return n2(V) * n2(mpmath.inverse(V))
 
 
-register(echo(
-    id="echo.c3", source="Echo App. C.2, Theorem C.3 (Bauer-Fike), eqs. (43)-(44)",
-    statement="For diagonalizable A = V Lambda V^{-1}, every eigenvalue of A + E is within kappa(V) ||E|| of an eigenvalue of A.",
-    quantity="mp: for every eigenvalue of A + E_M (A = M G~^{-1}), the distance to A's spectrum against kappa(V) ||E_M||.",
-    strategy=_pert_cases, check=_check_bauer_fike,
-))
-
-
+@claim("echo.c4", source="Echo App. C.2, Corollary C.4, eq. (45)", strategy=_pert_cases)
 def _check_c4(case, impl, prec) -> Measurement:
+    """Every eigenvalue of A^ lies within kappa(V_{A_w}) (||E_M||/lambda_min(G^~) + ||A|| ||G~|| ||E_G|| /
+    (lambda_min(G~) lambda_min(G^~))) of the spectrum of A (read as Bauer-Fike's 'for every eigenvalue').
+
+    Measured: mp: the largest distance from an eigenvalue of A^ to A's spectrum against the bound.
+
+    Note: Bauer-Fike on A = M G~^{-1} needs kappa of A's eigenvectors, L V_{A_w}, not of A_w's: kappa(L V_{A_w}) <=
+    sqrt(kappa(G~)) kappa(V_{A_w}). The printed bound survives the search because the second term carries an extra
+    kappa(G~); the proof as written does not justify it. 'min_j |lambda^_j - lambda_j|' read literally (one pair) is
+    weaker.
+    """
     with mpla.exact():
         s, EM, EG, Gh = _perturbed(case, impl)
         if mpla.eigvalsh(Gh)[0] <= 0:
@@ -436,19 +422,13 @@ def _check_c4(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.c4", source="Echo App. C.2, Corollary C.4, eq. (45)",
-    statement="Every eigenvalue of A^ lies within kappa(V_{A_w}) (||E_M||/lambda_min(G^~) + ||A|| ||G~|| ||E_G|| / "
-              "(lambda_min(G~) lambda_min(G^~))) of the spectrum of A (read as Bauer-Fike's 'for every eigenvalue').",
-    quantity="mp: the largest distance from an eigenvalue of A^ to A's spectrum against the bound.",
-    strategy=_pert_cases, check=_check_c4,
-    note="Bauer-Fike on A = M G~^{-1} needs kappa of A's eigenvectors, L V_{A_w}, not of A_w's: kappa(L V_{A_w}) <= "
-         "sqrt(kappa(G~)) kappa(V_{A_w}). The printed bound survives the search because the second term carries an extra "
-         "kappa(G~); the proof as written does not justify it. 'min_j |lambda^_j - lambda_j|' read literally (one pair) is weaker.",
-))
-
-
+@claim("echo.c5", source="Echo App. C.3, Proposition C.5, eqs. (46)-(47)", strategy=_complex_cases)
 def _check_c5(case, impl, prec) -> Measurement:
+    """With phase increments i.i.d. uniform on [0, 2 pi), E[e^{i(theta_{t+1} - theta_t)}] = 0, so E[M_raw] = 0 while
+    E[G_raw] > 0; the invariant lift's M_inv = sum |k~_{t+1}|^2 |k~_t|^2 does not depend on the phases.
+
+    Measured: mp: the expectation as an integral (mpmath.quad), and M_inv under random phases, held to 1e-30.
+    """
     with mpla.exact():
         mean = mpmath.quad(lambda th: mpmath.exp(1j * th), [0, 2 * mpmath.pi]) / (2 * mpmath.pi)
         parts = [Measurement(float(abs(mean)), float(mpla.exact_tol()), "E[e^{i dtheta}] for uniform dtheta")]
@@ -463,15 +443,6 @@ def _check_c5(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.c5", source="Echo App. C.3, Proposition C.5, eqs. (46)-(47)",
-    statement="With phase increments i.i.d. uniform on [0, 2 pi), E[e^{i(theta_{t+1} - theta_t)}] = 0, so E[M_raw] = 0 while "
-              "E[G_raw] > 0; the invariant lift's M_inv = sum |k~_{t+1}|^2 |k~_t|^2 does not depend on the phases.",
-    quantity="mp: the expectation as an integral (mpmath.quad), and M_inv under random phases, held to 1e-30.",
-    strategy=_complex_cases, check=_check_c5,
-))
-
-
 # ------------------------------------------------------------------------- Appendix D
 
 
@@ -479,7 +450,15 @@ D1_TABLE = {2: {0.95: "0.902", 0.90: "0.810", 0.70: "0.490", 0.50: "0.250", 0.30
             4: {0.95: "0.815", 0.90: "0.656", 0.70: "0.240", 0.50: "0.063", 0.30: "0.008"}}
 
 
+@claim("echo.d1.table", source="Echo App. D.1, Proposition D.1 (tables for K = 2, 4); Sec. 6.1",
+       strategy=lambda: st.just(None))
 def _check_d1_table(case, impl, prec) -> Measurement:
+    """|lambda|^K for |lambda| in {0.95, 0.9, 0.7, 0.5, 0.3}: 0.902, 0.810, 0.490, 0.250, 0.090 (K = 2) and 0.815,
+    0.656, 0.240, 0.063, 0.008 (K = 4); so K = 2 keeps 81% at 0.9 and 9% at 0.3 (Sec. 6.1).
+
+    Measured: mp: |exact - printed| in units of half the last printed digit (<= 1). Ties (0.9025, 0.0625) pass either
+    way.
+    """
     with mpla.exact():
         parts = []
         for K, rows in D1_TABLE.items():
@@ -488,15 +467,6 @@ def _check_d1_table(case, impl, prec) -> Measurement:
                 parts.append(Measurement(float(abs(val - mpmath.mpf(printed)) / (mpf(10) ** -3 / 2)), 1.0,
                                          f"{lam}^{K} = {mpmath.nstr(val, 6)} printed {printed}"))
         return worst(parts)
-
-
-register(echo(
-    id="echo.d1.table", source="Echo App. D.1, Proposition D.1 (tables for K = 2, 4); Sec. 6.1",
-    statement="|lambda|^K for |lambda| in {0.95, 0.9, 0.7, 0.5, 0.3}: 0.902, 0.810, 0.490, 0.250, 0.090 (K = 2) and 0.815, 0.656, "
-              "0.240, 0.063, 0.008 (K = 4); so K = 2 keeps 81% at 0.9 and 9% at 0.3 (Sec. 6.1).",
-    quantity="mp: |exact - printed| in units of half the last printed digit (<= 1). Ties (0.9025, 0.0625) pass either way.",
-    strategy=lambda: st.just(None), check=_check_d1_table,
-))
 
 
 @formed
@@ -512,21 +482,27 @@ def _remark3(form):
     return check
 
 
-register(
-    echo(id="echo.d1.remark3.printed", source="Echo App. D.1, Remark 3",
-         statement="At K = 4 only modes with |lambda| >= 0.85 retain more than 50% (and at K = 2, |lambda| >= 0.7 keeps >= 49%).",
-         quantity="mp: value 1 for a |lambda| < 0.85 with |lambda|^4 > 0.5, held to 0.",
-         strategy=lambda: bf16_floats(0.5, 1.0, allow_zero=False), check=_remark3("printed"), expected=FAILS,
-         twin="echo.d1.remark3.corrected", examples=(0.84375,)),
-    echo(id="echo.d1.remark3.corrected", source="Echo App. D.1, Remark 3 (corrected)",
-         statement="At K = 4 exactly the modes with |lambda| > 0.5^(1/4) = 0.8409 retain more than 50% (0.7^2 = 0.49 at K = 2 is right).",
-         quantity="mp: value 1 for a |lambda| below 0.8409 retaining more than 50%, held to 0.",
-         strategy=lambda: bf16_floats(0.5, 1.0, allow_zero=False), check=_remark3("corrected"), form=CORRECTED,
-         twin="echo.d1.remark3.printed"),
-)
+erratum(Twin("echo.d1.remark3.printed", source="Echo App. D.1, Remark 3",
+             statement="""At K = 4 only modes with |lambda| >= 0.85 retain more than 50% (and at K = 2, |lambda| >=
+                          0.7 keeps >= 49%).""",
+             quantity="""mp: value 1 for a |lambda| < 0.85 with |lambda|^4 > 0.5, held to 0.""", examples=(0.84375,)),
+        Twin("echo.d1.remark3.corrected", source="Echo App. D.1, Remark 3 (corrected)",
+             statement="""At K = 4 exactly the modes with |lambda| > 0.5^(1/4) = 0.8409 retain more than 50% (0.7^2 =
+                          0.49 at K = 2 is right).""",
+             quantity="""mp: value 1 for a |lambda| below 0.8409 retaining more than 50%, held to 0."""),
+        check=_remark3, strategy=lambda: bf16_floats(0.5, 1.0, allow_zero=False))
 
 
+@claim("echo.d2_d3", source="Echo App. D.2-D.3, Propositions D.2-D.3, eqs. (48)-(50)",
+       strategy=lambda: st.tuples(_seq_cases(min_T=2), st.sampled_from((1.0, 1.25, 1.5))), precisions=ALL_PRECISIONS,
+       implementation=_impl_solvers)
 def _check_d2_d3(case, impl, prec) -> Measurement:
+    """A^_w = A_w / max(1, sigma_max(A_w)) has ||A^_w^K|| <= 1; with gamma in [1, 1.5], ||(gamma A^_w)^K|| <= 1.5^K (=
+    2.25 at K = 2).
+
+    Measured: mp (exact sigma_max): the norms for K = 1..4. Working precisions:
+    solvers.koopman.spectral_normalize(sigma='exact') has norm <= gamma (1 + allowance(1, 2)).
+    """
     s_case, gamma = case
     if prec == MP:
         with mpla.exact():
@@ -549,17 +525,6 @@ def _check_d2_d3(case, impl, prec) -> Measurement:
     return Measurement(n, gamma * (1 + allowance(1.0, 2, prec)), "||gamma A_w / max(sigma_exact, 1)||_2")
 
 
-register(echo(
-    id="echo.d2_d3", source="Echo App. D.2-D.3, Propositions D.2-D.3, eqs. (48)-(50)",
-    statement="A^_w = A_w / max(1, sigma_max(A_w)) has ||A^_w^K|| <= 1; with gamma in [1, 1.5], ||(gamma A^_w)^K|| <= 1.5^K "
-              "(= 2.25 at K = 2).",
-    quantity="mp (exact sigma_max): the norms for K = 1..4. Working precisions: solvers.koopman.spectral_normalize(sigma="
-             "'exact') has norm <= gamma (1 + allowance(1, 2)).",
-    strategy=lambda: st.tuples(_seq_cases(min_T=2), st.sampled_from((1.0, 1.25, 1.5))), check=_check_d2_d3,
-    precisions=ALL_PRECISIONS, implementation=_impl_solvers,
-))
-
-
 @formed
 def _power(form):
     def check(case, impl, prec) -> Measurement:
@@ -578,27 +543,33 @@ def _power_cases():
     return st.builds(lambda A: {"A": A}, bf16_matrices(3, 3, min_value=-4.0, max_value=4.0))
 
 
-register(
-    echo(id="echo.f6.power.printed", source="Echo App. F step 6 with Props. D.2-D.3 (6 power iterations)",
-         statement="With sigma_max estimated by 6 power iterations (App. F step 6), A^_w = A_w / max(1, sigma) satisfies "
-                   "||A^_w|| <= 1 (Prop. D.2 as cited by the pipeline).",
-         quantity="float64: ||A_w / max(1, sigma_power)||_2 from solvers.koopman.spectral_normalize(sigma='power') against 1.",
-         strategy=_power_cases, check=_power("printed"), precisions=("float64",), implementation=_impl_solvers,
-         expected=FAILS, twin="echo.f6.power.corrected",
-         examples=({"A": ((1.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 4.0))},),
-         note="Power iteration under-estimates sigma_max (from below), so the 'normalised' operator can exceed 1."),
-    echo(id="echo.f6.power.corrected", source="Echo App. F step 6 (corrected bound)",
-         statement="With k power steps from v_0, ||A_w / max(1, sigma_power)|| <= sqrt(1 + tan^2 theta_0 (s_2/s_1)^(4k)) "
-                   "(analysis.koopman_mp.power_ratio_bound); D.2 holds with the exact sigma_max.",
-         quantity="float64: the norm against that bound.", strategy=_power_cases, check=_power("corrected"),
-         precisions=("float64",), implementation=_impl_solvers, form=CORRECTED, twin="echo.f6.power.printed"),
-)
+erratum(Twin("echo.f6.power.printed", source="Echo App. F step 6 with Props. D.2-D.3 (6 power iterations)",
+             statement="""With sigma_max estimated by 6 power iterations (App. F step 6), A^_w = A_w / max(1, sigma)
+                          satisfies ||A^_w|| <= 1 (Prop. D.2 as cited by the pipeline).""",
+             quantity="""float64: ||A_w / max(1, sigma_power)||_2 from
+                         solvers.koopman.spectral_normalize(sigma='power') against 1.""",
+             examples=({"A": ((1.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 4.0))},),
+             note="""Power iteration under-estimates sigma_max (from below), so the 'normalised' operator can exceed
+                     1."""),
+        Twin("echo.f6.power.corrected", source="Echo App. F step 6 (corrected bound)",
+             statement="""With k power steps from v_0, ||A_w / max(1, sigma_power)|| <= sqrt(1 + tan^2 theta_0
+                          (s_2/s_1)^(4k)) (analysis.koopman_mp.power_ratio_bound); D.2 holds with the exact sigma_max.""",
+             quantity="""float64: the norm against that bound."""), check=_power, strategy=_power_cases,
+        precisions=("float64",), implementation=_impl_solvers)
 
 
 # ------------------------------------------------------------------------- Appendix E, Sec. 3.2.2
 
 
+@claim("echo.e1", source="Echo App. E, Proposition E.1, eq. (51); Sec. 3.2.1 eq. (3)", strategy=_seq_cases,
+       precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_e1(case, impl, prec) -> Measurement:
+    """After sequence-max normalisation ||z_bar_t|| <= 1 and G_bar = sum z_bar z_bar^T has ||G_bar||_F, tr, lambda_max
+    <= T.
+
+    Measured: mp: each inequality. Working precisions: solvers.koopman.koopman_statistics (eps = 0) ||G_bar||_F <= T (1
+    + theta), theta the statistics' rounding bound.
+    """
     T = len(case["Z"])
     if prec == MP:
         with mpla.exact():
@@ -616,17 +587,6 @@ def _check_e1(case, impl, prec) -> Measurement:
     G = st_.G.to(F64)
     theta = impl["statistics_bound"](T + 1, ar, len(case["q"]))
     return Measurement(float(torch.linalg.matrix_norm(G)), T * (1 + theta), "||G_bar||_F (stored, eps = 0)")
-
-
-register(echo(
-    id="echo.e1", source="Echo App. E, Proposition E.1, eq. (51); Sec. 3.2.1 eq. (3)",
-    statement="After sequence-max normalisation ||z_bar_t|| <= 1 and G_bar = sum z_bar z_bar^T has ||G_bar||_F, tr, "
-              "lambda_max <= T.",
-    quantity="mp: each inequality. Working precisions: solvers.koopman.koopman_statistics (eps = 0) ||G_bar||_F <= "
-             "T (1 + theta), theta the statistics' rounding bound.",
-    strategy=_seq_cases, check=_check_e1, precisions=ALL_PRECISIONS,
-    implementation=_impl_solvers,
-))
 
 
 @formed
@@ -649,19 +609,15 @@ def _conditioning(form):
 
 
 _COND_EXAMPLE = {"Z": ((1.0, 0.0), (1.0, 0.0)), "V": ((0.0,), (0.0,)), "q": (0.0, 0.0), "eps": 1.0}
-register(
-    echo(id="echo.s322.conditioning.printed", source="Echo Sec. 3.2.2",
-         statement="Longer sequences produce better-conditioned estimates: the Gram of a longer prefix is better conditioned.",
-         quantity="mp: kappa(G~) of each prefix against that of the one before.",
-         strategy=lambda: _seq_cases(min_T=2), check=_conditioning("printed"), expected=FAILS,
-         twin="echo.s322.conditioning.corrected", examples=(_COND_EXAMPLE,)),
-    echo(id="echo.s322.conditioning.corrected", source="Echo Sec. 3.2.2 (corrected)",
-         statement="lambda_min(G~) never decreases as tokens are added (Weyl), so ||G~^{-1}|| and the bound of Thm. C.1 "
-                   "never grow; the condition number can (a repeated direction raises lambda_max).",
-         quantity="mp: lambda_min of each prefix against the next.",
-         strategy=lambda: _seq_cases(min_T=2), check=_conditioning("corrected"), form=CORRECTED,
-         twin="echo.s322.conditioning.printed"),
-)
+erratum(Twin("echo.s322.conditioning.printed", source="Echo Sec. 3.2.2",
+             statement="""Longer sequences produce better-conditioned estimates: the Gram of a longer prefix is
+                          better conditioned.""",
+             quantity="""mp: kappa(G~) of each prefix against that of the one before.""", examples=(_COND_EXAMPLE,)),
+        Twin("echo.s322.conditioning.corrected", source="Echo Sec. 3.2.2 (corrected)",
+             statement="""lambda_min(G~) never decreases as tokens are added (Weyl), so ||G~^{-1}|| and the bound of
+                          Thm. C.1 never grow; the condition number can (a repeated direction raises lambda_max).""",
+             quantity="""mp: lambda_min of each prefix against the next."""), check=_conditioning,
+        strategy=lambda: _seq_cases(min_T=2))
 
 
 @formed
@@ -685,22 +641,19 @@ def _stats_exact(form):
 
 _STATS_EXAMPLES = ({"Z": ((1.0, 0.00390625), (1.0, 0.0)), "V": ((0.0,), (0.0,)), "q": (0.0, 0.0), "eps": 2.0**-10},
                    {"Z": ((1.0,), (0.031494140625,)), "V": ((0.0,), (0.0,)), "q": (0.0,), "eps": 2.0**-10})
-register(
-    echo(id="echo.s322.exact_stats.printed", source="Echo Sec. 3.2.2 ('exact regardless of how many tokens'), Sec. 6.1 (FP32)",
-         statement="The accumulated second-order statistics are exact sufficient statistics regardless of the number of tokens, "
-                   "in the FP32 arithmetic the paper uses for them.",
-         quantity="float32 / bf16: ||G~_stored - G~|| from solvers.koopman.koopman_statistics against 0.",
-         strategy=_seq_cases, check=_stats_exact("printed"), precisions=("float32", "bfloat16/storage"),
-         implementation=_impl_solvers, expected=FAILS, twin="echo.s322.exact_stats.corrected", examples=_STATS_EXAMPLES,
-         note="Exact in exact arithmetic (no information is lost), not in floating point: each entry carries the rounding "
-              "of a T-term sum."),
-    echo(id="echo.s322.exact_stats.corrected", source="Echo Sec. 3.2.2 (corrected)",
-         statement="In a working precision each entry of G~ is within theta |G~|_abs of the exact one, theta ~ (T + 3) u "
-                   "(analysis.koopman_mp.statistics_bound): exact only up to rounding that grows with T.",
-         quantity="working precisions: normwise relative error against theta.",
-         strategy=_seq_cases, check=_stats_exact("corrected"), precisions=WORKING,
-         implementation=_impl_solvers, form=CORRECTED, twin="echo.s322.exact_stats.printed"),
-)
+erratum(Twin("echo.s322.exact_stats.printed",
+             source="Echo Sec. 3.2.2 ('exact regardless of how many tokens'), Sec. 6.1 (FP32)",
+             statement="""The accumulated second-order statistics are exact sufficient statistics regardless of the
+                          number of tokens, in the FP32 arithmetic the paper uses for them.""",
+             quantity="""float32 / bf16: ||G~_stored - G~|| from solvers.koopman.koopman_statistics against 0.""",
+             precisions=("float32", "bfloat16/storage"), examples=_STATS_EXAMPLES,
+             note="""Exact in exact arithmetic (no information is lost), not in floating point: each entry carries
+                     the rounding of a T-term sum."""),
+        Twin("echo.s322.exact_stats.corrected", source="Echo Sec. 3.2.2 (corrected)",
+             statement="""In a working precision each entry of G~ is within theta |G~|_abs of the exact one, theta ~
+                          (T + 3) u (analysis.koopman_mp.statistics_bound): exact only up to rounding that grows with T.""",
+             quantity="""working precisions: normwise relative error against theta.""", precisions=WORKING),
+        check=_stats_exact, strategy=_seq_cases, implementation=_impl_solvers)
 
 
 def mp_chunk_stats(c, S: int, ch: int):
@@ -730,7 +683,15 @@ def _chunk_case():
     return st.tuples(_seq_cases(min_T=2, max_T=6, max_r=2, max_P=2), st.integers(1, 3))
 
 
+@claim("echo.eq7_10", source="Echo Sec. 3.2.2, eqs. (7)-(10) (chunk-causal mode)", strategy=_chunk_case,
+       precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_chunk_causal(case, impl, prec) -> Measurement:
+    """The per-chunk sums with an exclusive prefix and the boundary terms z^_{i,0} z^_{i-1,-1}^T give, for chunk c,
+    exactly the prefix-mode statistics of the tokens before it.
+
+    Measured: mp: eqs. (7)-(10) against the prefix statistics, held to 1e-30. Working precisions:
+    solvers.koopman.chunk_causal_statistics against koopman_statistics on the prefix, within 2 theta.
+    """
     c, S = case
     T = len(c["Z"])
     n_chunks = -(-T // S)
@@ -762,17 +723,6 @@ def _check_chunk_causal(case, impl, prec) -> Measurement:
     return Measurement(max(errs) / absn if absn > 0 else max(errs), 2 * theta, "chunk-causal vs prefix statistics")
 
 
-register(echo(
-    id="echo.eq7_10", source="Echo Sec. 3.2.2, eqs. (7)-(10) (chunk-causal mode)",
-    statement="The per-chunk sums with an exclusive prefix and the boundary terms z^_{i,0} z^_{i-1,-1}^T give, for chunk c, "
-              "exactly the prefix-mode statistics of the tokens before it.",
-    quantity="mp: eqs. (7)-(10) against the prefix statistics, held to 1e-30. Working precisions: "
-             "solvers.koopman.chunk_causal_statistics against koopman_statistics on the prefix, within 2 theta.",
-    strategy=_chunk_case, check=_check_chunk_causal, precisions=ALL_PRECISIONS,
-    implementation=_impl_solvers,
-))
-
-
 # ------------------------------------------------------------------ main text: eq. (11), gradient flow, Koopman MLP
 
 
@@ -790,17 +740,15 @@ def _eq11(form):
 
 
 _EQ11_EXAMPLE = {"Z": ((1.0, 0.0), (1.0, 1.0)), "V": ((1.0,), (0.0,)), "q": (1.0, 0.0), "eps": 1.0}
-register(
-    echo(id="echo.eq11.printed", source="Echo Sec. 3.2.3, eq. (11) vs eq. (22) / App. F step 5",
-         statement="A_w = M G^{-1} (eq. (11)), the operator normalised by eq. (12) and applied to the whitened query in eq. (13).",
-         quantity="mp: eq. (11)'s M G~^{-1} against the whitened L^{-1} M L^{-T} of eq. (22) that the pipeline uses.",
-         strategy=lambda: _seq_cases(min_T=2), check=_eq11("printed"), expected=FAILS, twin="echo.eq11.corrected",
-         examples=(_EQ11_EXAMPLE,)),
-    echo(id="echo.eq11.corrected", source="Echo Sec. 3.2.3, eq. (11) (corrected)",
-         statement="Eq. (11) defines A_eps = M G~^{-1}; the operator of eqs. (12)-(13) is its whitened similar A_w = L^{-1} A_eps L.",
-         quantity="mp: L^{-1} (M G~^{-1}) L against L^{-1} M L^{-T}.", strategy=lambda: _seq_cases(min_T=2),
-         check=_eq11("corrected"), form=CORRECTED, twin="echo.eq11.printed"),
-)
+erratum(Twin("echo.eq11.printed", source="Echo Sec. 3.2.3, eq. (11) vs eq. (22) / App. F step 5",
+             statement="""A_w = M G^{-1} (eq. (11)), the operator normalised by eq. (12) and applied to the whitened
+                          query in eq. (13).""",
+             quantity="""mp: eq. (11)'s M G~^{-1} against the whitened L^{-1} M L^{-T} of eq. (22) that the pipeline
+                         uses.""", examples=(_EQ11_EXAMPLE,)),
+        Twin("echo.eq11.corrected", source="Echo Sec. 3.2.3, eq. (11) (corrected)",
+             statement="""Eq. (11) defines A_eps = M G~^{-1}; the operator of eqs. (12)-(13) is its whitened similar
+                          A_w = L^{-1} A_eps L.""", quantity="""mp: L^{-1} (M G~^{-1}) L against L^{-1} M L^{-T}."""),
+        check=_eq11, strategy=lambda: _seq_cases(min_T=2))
 
 
 @formed
@@ -826,19 +774,16 @@ def _gradflow(form):
 
 
 _GF_EXAMPLE = ({"Z": ((1.0,),), "V": ((1.0,),), "q": (1.0,), "eps": 1.0}, 2)
-register(
-    echo(id="echo.s323.jacobian_full_rank.printed", source="Echo Sec. 3.2.3, 'Gradient flow'",
-         statement="J_SKA = B_v L A_w^K L^{-1} is a product of full-rank matrices by construction (full rank r).",
-         quantity="mp: value 1 when J has a zero singular value (or P < r), held to 0.",
-         strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)), check=_gradflow("printed"), expected=FAILS,
-         twin="echo.s323.jacobian_full_rank.corrected", examples=(_GF_EXAMPLE,),
-         note="One token gives M = 0, A_w = 0 and J = 0 for K >= 1; App. J.3 itself says the unconditional statement is false."),
-    echo(id="echo.s323.jacobian_full_rank.corrected", source="Echo App. J.3, Proposition J.5",
-         statement="If P >= r, rank(C_v) = r and A^_w is invertible then rank(J_SKA) = r.",
-         quantity="mp: value 1 when the hypotheses hold and J is rank deficient, held to 0.",
-         strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)), check=_gradflow("corrected"), form=CORRECTED,
-         twin="echo.s323.jacobian_full_rank.printed"),
-)
+erratum(Twin("echo.s323.jacobian_full_rank.printed", source="Echo Sec. 3.2.3, 'Gradient flow'",
+             statement="""J_SKA = B_v L A_w^K L^{-1} is a product of full-rank matrices by construction (full rank
+                          r).""", quantity="""mp: value 1 when J has a zero singular value (or P < r), held to 0.""",
+             examples=(_GF_EXAMPLE,),
+             note="""One token gives M = 0, A_w = 0 and J = 0 for K >= 1; App. J.3 itself says the unconditional
+                     statement is false."""),
+        Twin("echo.s323.jacobian_full_rank.corrected", source="Echo App. J.3, Proposition J.5",
+             statement="""If P >= r, rank(C_v) = r and A^_w is invertible then rank(J_SKA) = r.""",
+             quantity="""mp: value 1 when the hypotheses hold and J is rank deficient, held to 0."""), check=_gradflow,
+        strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)))
 
 
 def _rot_cases():
@@ -867,19 +812,14 @@ def _koopman_mlp(form):
     return check
 
 
-register(
-    echo(id="echo.s33.rotation.printed", source="Echo Sec. 3.3, 'Gradient preservation'",
-         statement="The block-diagonal matrix R of eq. (14) is orthogonal: ||R||_2 = 1, sigma_min(R) = sigma_max(R) = 1 "
-                   "(with |lambda_i| <= 1 clamped, as the same section prescribes).",
-         quantity="mp: sigma_max and sigma_min of R against 1.",
-         strategy=_rot_cases, check=_koopman_mlp("printed"), expected=FAILS, twin="echo.s33.rotation.corrected",
-         examples=([(0.5, 0.0)],)),
-    echo(id="echo.s33.rotation.corrected", source="Echo App. J.4, Proposition J.7",
-         statement="Each block is rho_i times a rotation (R_i^T R_i = rho_i^2 I), so ||R||_2 = max_i rho_i <= 1; R is "
-                   "orthogonal only when every rho_i = 1.",
-         quantity="mp: both identities, held to 1e-30.", strategy=_rot_cases, check=_koopman_mlp("corrected"),
-         form=CORRECTED, twin="echo.s33.rotation.printed"),
-)
+erratum(Twin("echo.s33.rotation.printed", source="Echo Sec. 3.3, 'Gradient preservation'",
+             statement="""The block-diagonal matrix R of eq. (14) is orthogonal: ||R||_2 = 1, sigma_min(R) =
+                          sigma_max(R) = 1 (with |lambda_i| <= 1 clamped, as the same section prescribes).""",
+             quantity="""mp: sigma_max and sigma_min of R against 1.""", examples=([(0.5, 0.0)],)),
+        Twin("echo.s33.rotation.corrected", source="Echo App. J.4, Proposition J.7",
+             statement="""Each block is rho_i times a rotation (R_i^T R_i = rho_i^2 I), so ||R||_2 = max_i rho_i <=
+                          1; R is orthogonal only when every rho_i = 1.""",
+             quantity="""mp: both identities, held to 1e-30."""), check=_koopman_mlp, strategy=_rot_cases)
 
 
 # ------------------------------------------------------------------------- Appendix I
@@ -889,7 +829,13 @@ def _ridge_loss(s, B):
     return mpmath.fsum(mpla.dot(v - B * z, v - B * z) for v, z in zip(s["V"], s["Z"])) + mpf(s["eps"]) * mpla.fro(B) ** 2
 
 
+@claim("echo.i2_i3", source="Echo App. I.2, Propositions I.2-I.3, eqs. (63)-(75)", strategy=_seq_cases)
 def _check_i2_i3(case, impl, prec) -> Measurement:
+    """B* = C_v G~^{-1} is the unique minimiser of L(B) = sum ||v_t - B k_t||^2 + eps ||B||_F^2, and L(B) - L(B*) = ||(B
+    - B*) G~^{1/2}||_F^2 for every B.
+
+    Measured: mp: the gradient at B* (mpmath.diff) and the excess-risk identity at B* + 1 q^T, held to 1e-30.
+    """
     with mpla.exact():
         s = dict(impl["stats_mp"](case), eps=case["eps"])
         Bs = impl["ridge_readout_mp"](s)
@@ -902,16 +848,12 @@ def _check_i2_i3(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.i2_i3", source="Echo App. I.2, Propositions I.2-I.3, eqs. (63)-(75)",
-    statement="B* = C_v G~^{-1} is the unique minimiser of L(B) = sum ||v_t - B k_t||^2 + eps ||B||_F^2, and "
-              "L(B) - L(B*) = ||(B - B*) G~^{1/2}||_F^2 for every B.",
-    quantity="mp: the gradient at B* (mpmath.diff) and the excess-risk identity at B* + 1 q^T, held to 1e-30.",
-    strategy=_seq_cases, check=_check_i2_i3,
-))
-
-
+@claim("echo.i5", source="Echo App. I.4, Proposition I.5, eqs. (79)-(81); Sec. 3.2.3", strategy=_seq_cases)
 def _check_i5(case, impl, prec) -> Measurement:
+    """Linear attention C_v q is the prediction after one gradient step of size 1/2 on L(B) from B = 0.
+
+    Measured: mp: (0 - grad L(0)/2) q against C_v q, the gradient by mpmath.diff.
+    """
     with mpla.exact():
         s = dict(impl["stats_mp"](case), eps=case["eps"])
         B0 = mpla.zeros(s["Cv"].rows, s["Cv"].cols)
@@ -920,14 +862,14 @@ def _check_i5(case, impl, prec) -> Measurement:
         return exact_identity(B1 * s["q"], impl["linear_attention_mp"](s) * s["q"], "one GD step, alpha = 1/2")
 
 
-register(echo(
-    id="echo.i5", source="Echo App. I.4, Proposition I.5, eqs. (79)-(81); Sec. 3.2.3",
-    statement="Linear attention C_v q is the prediction after one gradient step of size 1/2 on L(B) from B = 0.",
-    quantity="mp: (0 - grad L(0)/2) q against C_v q, the gradient by mpmath.diff.", strategy=_seq_cases, check=_check_i5,
-))
-
-
+@claim("echo.i6", source="Echo App. I.4, Theorem I.6, eqs. (82)-(88)", strategy=_seq_cases)
 def _check_i6(case, impl, prec) -> Measurement:
+    """min_{a>0} ||y_lin(q) - a y_ridge(q)|| <= ||C_v|| (kappa - 1)/(kappa + 1) ||q||, the operator-norm factor min_a
+    ||I - a G~^{-1}|| = (kappa - 1)/(kappa + 1) attained at a* = 2 lambda_min lambda_max/(lambda_min + lambda_max); G~ =
+    c I gives equality with a = c.
+
+    Measured: mp: the minimal operator norm and its minimiser (against four other a), the bound at a*.
+    """
     with mpla.exact():
         s = impl["stats_mp"](case)
         ev = mpla.eigvalsh(s["Gt"])
@@ -944,16 +886,6 @@ def _check_i6(case, impl, prec) -> Measurement:
         parts.append(exact_inequality(mpla.fro(lin - a_star * ridge),
                                       mpla.norm2(s["Cv"]) * (kappa - 1) / (kappa + 1) * mpla.fro(s["q"]), "the bound at a*"))
         return worst(parts)
-
-
-register(echo(
-    id="echo.i6", source="Echo App. I.4, Theorem I.6, eqs. (82)-(88)",
-    statement="min_{a>0} ||y_lin(q) - a y_ridge(q)|| <= ||C_v|| (kappa - 1)/(kappa + 1) ||q||, the operator-norm factor "
-              "min_a ||I - a G~^{-1}|| = (kappa - 1)/(kappa + 1) attained at a* = 2 lambda_min lambda_max/(lambda_min + lambda_max); "
-              "G~ = c I gives equality with a = c.",
-    quantity="mp: the minimal operator norm and its minimiser (against four other a), the bound at a*.",
-    strategy=_seq_cases, check=_check_i6,
-))
 
 
 @formed
@@ -978,23 +910,30 @@ def _regime(form):
 
 
 _REGIME_EXAMPLE = {"Z": ((1.0, 0.0),), "V": ((1.0,),), "q": (1.0, 0.0), "eps": 1.0}
-register(
-    echo(id="echo.i10.regime.printed", source="Echo App. I.10, 'Regime summary' (second point)",
-         statement="When the key Gram is anisotropic, linear attention has an unavoidable error proportional to "
-                   "(kappa - 1)/(kappa + 1).",
-         quantity="mp: for q an eigenvector of G~ (and a = its eigenvalue) the error against (kappa-1)/(kappa+1) ||C_v|| ||q||; "
-                  "value = floor - error, held to 0 (a lower bound must not exceed the error).",
-         strategy=_seq_cases, check=_regime("printed"), expected=FAILS, twin="echo.i10.regime.corrected",
-         examples=(_REGIME_EXAMPLE,)),
-    echo(id="echo.i10.regime.corrected", source="Echo App. I.4/I.10 (corrected)",
-         statement="(kappa - 1)/(kappa + 1) is the minimax value min_a max_q of the relative error (with C_v = I), an upper "
-                   "bound for each q (Thm. I.6), not an unavoidable error: eigenvector queries are retrieved exactly.",
-         quantity="mp: min_a ||I - a G~^{-1}||_2 = (kappa-1)/(kappa+1).", strategy=_seq_cases, check=_regime("corrected"),
-         form=CORRECTED, twin="echo.i10.regime.printed"),
-)
+erratum(Twin("echo.i10.regime.printed", source="Echo App. I.10, 'Regime summary' (second point)",
+             statement="""When the key Gram is anisotropic, linear attention has an unavoidable error proportional to
+                          (kappa - 1)/(kappa + 1).""",
+             quantity="""mp: for q an eigenvector of G~ (and a = its eigenvalue) the error against
+                         (kappa-1)/(kappa+1) ||C_v|| ||q||; value = floor - error, held to 0 (a lower bound must not
+                         exceed the error).""", examples=(_REGIME_EXAMPLE,)),
+        Twin("echo.i10.regime.corrected", source="Echo App. I.4/I.10 (corrected)",
+             statement="""(kappa - 1)/(kappa + 1) is the minimax value min_a max_q of the relative error (with C_v =
+                          I), an upper bound for each q (Thm. I.6), not an unavoidable error: eigenvector queries are
+                          retrieved exactly.""", quantity="""mp: min_a ||I - a G~^{-1}||_2 = (kappa-1)/(kappa+1)."""),
+        check=_regime, strategy=_seq_cases)
 
 
+@claim("echo.i7_i10", source="Echo App. I.5-I.6, Propositions I.7, I.8, I.10, Corollary I.9; App. F steps 7-10",
+       strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)), precisions=ALL_PRECISIONS,
+       implementation=_impl_solvers)
 def _check_i7_i9(case, impl, prec) -> Measurement:
+    """The two triangular solves give B_v = C_v G~^{-1}; the SKA output is eta C_v G~^{-1} Phi_K q with Phi_K = L A^^K
+    L^{-1}; K = 0 gives eta y_ridge; y/eta - y_ridge = B*(Phi_K - I) q and L(B* Phi_K) - L(B*) = ||B*(Phi_K - I)
+    G~^{1/2}||_F^2.
+
+    Measured: mp: each identity, held to 1e-30. Working precisions: solvers.koopman.ridge_readout against C_v G~^{-1} q,
+    error / (||C_v|| ||q|| / lambda_min) <= allowance(kappa(G~), r + T) + kappa theta.
+    """
     c, K = case
     if prec == MP:
         with mpla.exact():
@@ -1037,18 +976,6 @@ def _check_i7_i9(case, impl, prec) -> Measurement:
     return Measurement(err / scale, bound, "ridge readout")
 
 
-register(echo(
-    id="echo.i7_i10", source="Echo App. I.5-I.6, Propositions I.7, I.8, I.10, Corollary I.9; App. F steps 7-10",
-    statement="The two triangular solves give B_v = C_v G~^{-1}; the SKA output is eta C_v G~^{-1} Phi_K q with "
-              "Phi_K = L A^^K L^{-1}; K = 0 gives eta y_ridge; y/eta - y_ridge = B*(Phi_K - I) q and "
-              "L(B* Phi_K) - L(B*) = ||B*(Phi_K - I) G~^{1/2}||_F^2.",
-    quantity="mp: each identity, held to 1e-30. Working precisions: solvers.koopman.ridge_readout against C_v G~^{-1} q, "
-             "error / (||C_v|| ||q|| / lambda_min) <= allowance(kappa(G~), r + T) + kappa theta.",
-    strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3)), check=_check_i7_i9,
-    precisions=ALL_PRECISIONS, implementation=_impl_solvers,
-))
-
-
 def _normal_cases():
     @st.composite
     def build(draw):
@@ -1064,7 +991,17 @@ def _normal_cases():
     return build()
 
 
+@claim("echo.i11_i12", source="Echo App. I.7, Theorem I.11 and Corollary I.12, eqs. (100)-(104)",
+       strategy=_normal_cases)
 def _check_i11(case, impl, prec) -> Measurement:
+    """For normal A^ with eigenvalues |1 - lambda| <= delta (persistent) or |lambda| <= rho < 1 (transient): ||y/eta -
+    C_v L^{-T} q_pers|| <= ||C_v L^{-T}|| (((1+delta)^K - 1)||q_pers|| + rho^K ||q_trans||), and at K = 0 the error is
+    <= ||C_v L^{-T}|| ||q_trans||.
+
+    Measured: mp: both inequalities for symmetric A^ = Q diag(lambda) Q^T built to the hypotheses.
+
+    Note: The corollary's comparison ('strictly smaller upper bound whenever ...') is the algebra of the two bounds.
+    """
     with mpla.exact():
         s = impl["stats_mp"](case)
         Qm, _ = mpmath.qr(mpla.mat(case["basis"]))  # orthonormal eigenvectors: A^ symmetric, hence normal
@@ -1086,18 +1023,14 @@ def _check_i11(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.i11_i12", source="Echo App. I.7, Theorem I.11 and Corollary I.12, eqs. (100)-(104)",
-    statement="For normal A^ with eigenvalues |1 - lambda| <= delta (persistent) or |lambda| <= rho < 1 (transient): "
-              "||y/eta - C_v L^{-T} q_pers|| <= ||C_v L^{-T}|| (((1+delta)^K - 1)||q_pers|| + rho^K ||q_trans||), and at K = 0 "
-              "the error is <= ||C_v L^{-T}|| ||q_trans||.",
-    quantity="mp: both inequalities for symmetric A^ = Q diag(lambda) Q^T built to the hypotheses.",
-    strategy=_normal_cases, check=_check_i11,
-    note="The corollary's comparison ('strictly smaller upper bound whenever ...') is the algebra of the two bounds.",
-))
-
-
+@claim("echo.i13", source="Echo App. I.8, Proposition I.13",
+       strategy=lambda: st.tuples(bf16_floats(2.0**-4, 4.0, allow_zero=False), bf16_floats(-2.0, 2.0), bf16_floats(-2.0, 2.0)))
 def _check_i13(case, impl, prec) -> Measurement:
+    """A fixed-statistic SKA head is linear in q; the two-token softmax rule f(q) = 1/(1 + e^{-2 beta q}) is not (f'' !=
+    0 away from 0), so it cannot be represented by any SKA head.
+
+    Measured: mp: f'' at two points (mpmath.diff); value 1 if it vanishes at a nonzero point.
+    """
     beta, q1, q2 = case
     with mpla.exact():
         f = lambda q: impl["softmax_rule_mp"](beta, q)  # noqa: E731
@@ -1107,17 +1040,14 @@ def _check_i13(case, impl, prec) -> Measurement:
         return Measurement(float(not nonlinear), 0.0, f"|f''| = {mpmath.nstr(s2, 3)}")
 
 
-register(echo(
-    id="echo.i13", source="Echo App. I.8, Proposition I.13",
-    statement="A fixed-statistic SKA head is linear in q; the two-token softmax rule f(q) = 1/(1 + e^{-2 beta q}) is not "
-              "(f'' != 0 away from 0), so it cannot be represented by any SKA head.",
-    quantity="mp: f'' at two points (mpmath.diff); value 1 if it vanishes at a nonzero point.",
-    strategy=lambda: st.tuples(bf16_floats(2.0**-4, 4.0, allow_zero=False), bf16_floats(-2.0, 2.0), bf16_floats(-2.0, 2.0)),
-    check=_check_i13,
-))
-
-
+@claim("echo.i14", source="Echo App. I.9, Proposition I.14; Sec. 3.5",
+       strategy=lambda: st.tuples(st.integers(1, 128), st.integers(1, 128), st.integers(1, 10**6)))
 def _check_i14(case, impl, prec) -> Measurement:
+    """SKA stores 2r^2 + Pr + r + 1 floats per head, an explicit cache T(r + P); SKA is smaller exactly when T > (2r^2 +
+    Pr + r + 1)/(r + P).
+
+    Measured: exact integer arithmetic: the comparison and the crossover agree (value 1 if not).
+    """
     r, P, T = case
     ska = sum(impl["state_components"](r, P))  # G, M, C_v, the previous key, the max norm
     cache = T * (r + P)
@@ -1126,33 +1056,22 @@ def _check_i14(case, impl, prec) -> Measurement:
     return Measurement(float(not consistent), 0.0, f"r={r}, P={P}, T={T}: SKA {ska} vs cache {cache}")
 
 
-register(echo(
-    id="echo.i14", source="Echo App. I.9, Proposition I.14; Sec. 3.5",
-    statement="SKA stores 2r^2 + Pr + r + 1 floats per head, an explicit cache T(r + P); SKA is smaller exactly when "
-              "T > (2r^2 + Pr + r + 1)/(r + P).",
-    quantity="exact integer arithmetic: the comparison and the crossover agree (value 1 if not).",
-    strategy=lambda: st.tuples(st.integers(1, 128), st.integers(1, 128), st.integers(1, 10**6)), check=_check_i14,
-))
-
-
 # ------------------------------------------------------------------------- Appendix J
 
 
+@claim("echo.j1", source="Echo App. J.1, Proposition J.1",
+       strategy=lambda: st.tuples(bf16_matrices(3, 4, **_ENTRY), bf16_matrices(4, 2, **_ENTRY)))
 def _check_j1(case, impl, prec) -> Measurement:
+    """The hidden-state gradient G_H = G_L W after the LM head has rank <= rank(W) <= D.
+
+    Measured: mp: numerical ranks (singular values > 1e-30).
+    """
     GL, W = case
     with mpla.exact():
         GH = impl["lm_head_grad_mp"](mpla.mat(GL), mpla.mat(W))
         rank = lambda X: sum(1 for s in mpla.singular_values(X if X.rows >= X.cols else X.T) if s > mpf(10) ** -30)  # noqa: E731
         D = len(W[0])
         return worst([exact_inequality(rank(GH), rank(mpla.mat(W)), "rank G_H <= rank W"), exact_inequality(rank(mpla.mat(W)), D, "<= D")])
-
-
-register(echo(
-    id="echo.j1", source="Echo App. J.1, Proposition J.1",
-    statement="The hidden-state gradient G_H = G_L W after the LM head has rank <= rank(W) <= D.",
-    quantity="mp: numerical ranks (singular values > 1e-30).",
-    strategy=lambda: st.tuples(bf16_matrices(3, 4, **_ENTRY), bf16_matrices(4, 2, **_ENTRY)), check=_check_j1,
-))
 
 
 def _attn_cases():
@@ -1175,7 +1094,13 @@ def _softmax_parts(case):
     return K, V, q, dk, alpha, S
 
 
+@claim("echo.j2_j3", source="Echo App. J.2, Proposition J.2 (eqs. (105)-(113)) and Corollary J.3", strategy=_attn_cases)
 def _check_j2_j3(case, impl, prec) -> Measurement:
+    """J_attn = V^T (Diag(alpha) - alpha alpha^T) K / sqrt(d_k); rank <= min(P, r, T-1); ||J|| <= ||V|| ||K|| / (2
+    sqrt(d_k)); ||S|| <= 2(1 - max alpha), so J -> 0 as attention saturates.
+
+    Measured: mp: the Jacobian against mpmath.diff, numerical rank, and the three norm bounds.
+    """
     with mpla.exact():
         K, V, q, dk, alpha, S = _softmax_parts(case)
 
@@ -1201,16 +1126,14 @@ def _check_j2_j3(case, impl, prec) -> Measurement:
                       exact_inequality(mpla.norm2(J), 2 * (1 - m) * nV * nK / mpmath.sqrt(dk), "J.3 bound")])
 
 
-register(echo(
-    id="echo.j2_j3", source="Echo App. J.2, Proposition J.2 (eqs. (105)-(113)) and Corollary J.3",
-    statement="J_attn = V^T (Diag(alpha) - alpha alpha^T) K / sqrt(d_k); rank <= min(P, r, T-1); ||J|| <= ||V|| ||K|| / "
-              "(2 sqrt(d_k)); ||S|| <= 2(1 - max alpha), so J -> 0 as attention saturates.",
-    quantity="mp: the Jacobian against mpmath.diff, numerical rank, and the three norm bounds.",
-    strategy=_attn_cases, check=_check_j2_j3,
-))
-
-
+@claim("echo.j4_j6", source="Echo App. J.3, Propositions J.4-J.6",
+       strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3), st.sampled_from((1.0, 1.5, 2.5))))
 def _check_j4_j6(case, impl, prec) -> Measurement:
+    """J_SKA = eta B_v L A^^K L^{-1}; ||J|| <= eta ||B_v|| gamma^K sqrt((||G|| + eps)/eps) when ||A^|| <= gamma; under
+    J.5's hypotheses sigma_min(J) >= eta sigma_min(B_v) nu^K sqrt(eps/(||G|| + eps)).
+
+    Measured: mp: the Jacobian against mpmath.diff and both singular-value bounds.
+    """
     c, K, eta = case
     with mpla.exact():
         s = impl["stats_mp"](c)
@@ -1235,16 +1158,14 @@ def _check_j4_j6(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(echo(
-    id="echo.j4_j6", source="Echo App. J.3, Propositions J.4-J.6",
-    statement="J_SKA = eta B_v L A^^K L^{-1}; ||J|| <= eta ||B_v|| gamma^K sqrt((||G|| + eps)/eps) when ||A^|| <= gamma; "
-              "under J.5's hypotheses sigma_min(J) >= eta sigma_min(B_v) nu^K sqrt(eps/(||G|| + eps)).",
-    quantity="mp: the Jacobian against mpmath.diff and both singular-value bounds.",
-    strategy=lambda: st.tuples(_seq_cases(), st.integers(0, 3), st.sampled_from((1.0, 1.5, 2.5))), check=_check_j4_j6,
-))
-
-
+@claim("echo.j7_j8", source="Echo App. J.4, Propositions J.7-J.8",
+       strategy=lambda: st.tuples(_rot_cases(), bf16_matrices(6, 2, **_ENTRY), bf16_matrices(2, 6, **_ENTRY), bf16_vectors(2, **_ENTRY)))
 def _check_j7_j8(case, impl, prec) -> Measurement:
+    """J_KMLP = W_read R D_SiLU(a) W_lift and ||J_KMLP|| <= c_SiLU ||W_read|| ||W_lift||, c_SiLU = sup |SiLU'| (=
+    1.0998).
+
+    Measured: mp: the Jacobian against mpmath.diff and the norm bound (c_SiLU computed as the maximum of SiLU').
+    """
     pairs, W_lift, W_read, h = case
     with mpla.exact():
         n = 2 * len(pairs)
@@ -1269,16 +1190,14 @@ def _check_j7_j8(case, impl, prec) -> Measurement:
                       exact_inequality(mpla.norm2(J), c * mpla.norm2(Wr) * mpla.norm2(Wl), f"J.8 bound, c_SiLU = {mpmath.nstr(c, 6)}")])
 
 
-register(echo(
-    id="echo.j7_j8", source="Echo App. J.4, Propositions J.7-J.8",
-    statement="J_KMLP = W_read R D_SiLU(a) W_lift and ||J_KMLP|| <= c_SiLU ||W_read|| ||W_lift||, c_SiLU = sup |SiLU'| (= 1.0998).",
-    quantity="mp: the Jacobian against mpmath.diff and the norm bound (c_SiLU computed as the maximum of SiLU').",
-    strategy=lambda: st.tuples(_rot_cases(), bf16_matrices(6, 2, **_ENTRY), bf16_matrices(2, 6, **_ENTRY), bf16_vectors(2, **_ENTRY)),
-    check=_check_j7_j8,
-))
-
-
+@claim("echo.j9", source="Echo App. J.5, Theorem J.9",
+       strategy=lambda: st.tuples(st.lists(bf16_matrices(2, 2, **_ENTRY), min_size=1, max_size=4), bf16_vectors(2, **_ENTRY)))
 def _check_j9(case, impl, prec) -> Measurement:
+    """||g_l|| <= (prod_j ||J_j||) ||g_head|| for g_l = J_{l+1}^T ... J_m^T g_head (the three corollary bounds follow by
+    substituting Props. J.2, J.3, J.4, J.8, each checked above).
+
+    Measured: mp: the product bound for random square Jacobians.
+    """
     mats, g = case
     with mpla.exact():
         Js = [mpla.mat(m) for m in mats]
@@ -1291,27 +1210,19 @@ def _check_j9(case, impl, prec) -> Measurement:
         return exact_inequality(mpla.fro(x), bound, "||g_l|| <= prod ||J_j|| ||g_head||")
 
 
-register(echo(
-    id="echo.j9", source="Echo App. J.5, Theorem J.9",
-    statement="||g_l|| <= (prod_j ||J_j||) ||g_head|| for g_l = J_{l+1}^T ... J_m^T g_head (the three corollary bounds follow "
-              "by substituting Props. J.2, J.3, J.4, J.8, each checked above).",
-    quantity="mp: the product bound for random square Jacobians.",
-    strategy=lambda: st.tuples(st.lists(bf16_matrices(2, 2, **_ENTRY), min_size=1, max_size=4), bf16_vectors(2, **_ENTRY)),
-    check=_check_j9,
-))
+not_checkable("echo.experiments", paper="echo", source="Echo Secs. 4-5, Tables 2-4, Figs. 1-6, App. G-H", text="""
+    Retrieval accuracies, perplexities and benchmark scores.
 
+    Why: Training runs; the reported numbers' arithmetic is checked by echo reported-number claims.""")
+not_checkable("echo.s323.attention_solves_ridge", paper="echo",
+              source="Echo Sec. 3.2.3, Sec. 6.1 (Goel et al.)", text="""
+    Softmax attention trained to convergence implicitly solves the ridge objective.
 
-register_uncheckable(
-    Uncheckable("echo.experiments", "echo", "Echo Secs. 4-5, Tables 2-4, Figs. 1-6, App. G-H",
-                "Retrieval accuracies, perplexities and benchmark scores.",
-                "Training runs; the reported numbers' arithmetic is checked by echo reported-number claims."),
-    Uncheckable("echo.s323.attention_solves_ridge", "echo", "Echo Sec. 3.2.3, Sec. 6.1 (Goel et al.)",
-                "Softmax attention trained to convergence implicitly solves the ridge objective.",
-                "A cited theorem about training dynamics of another model."),
-    Uncheckable("echo.s323.rank_compression", "echo", "Echo Sec. 3.2.3, 'Gradient flow'",
-                "Softmax layers compress gradients by an entropy-dependent effective rank that compounds across depth.",
-                "Qualitative (cites Godey and Artzi); its precise content is Props. J.1-J.3 and J.9, checked."),
-)
+    Why: A cited theorem about training dynamics of another model.""")
+not_checkable("echo.s323.rank_compression", paper="echo", source="Echo Sec. 3.2.3, 'Gradient flow'", text="""
+    Softmax layers compress gradients by an entropy-dependent effective rank that compounds across depth.
+
+    Why: Qualitative (cites Godey and Artzi); its precise content is Props. J.1-J.3 and J.9, checked.""")
 
 
 # --------------------------------------------------------- Sec. 3.2.1 footnote 1, Sec. 3.2.3 estimator
@@ -1341,20 +1252,16 @@ def _footnote(form):
 
 
 _FOOT_EXAMPLE = ({"Z": ((1.0,),), "V": ((1.0,),), "q": (0.0,), "eps": 1.0}, 2.0)
-register(
-    echo(id="echo.s321.footnote1.printed", source="Echo Sec. 3.2.1, footnote 1",
-         statement="When the frozen normaliser changes from m_old to m_new, rescaling all statistics by (m_old/m_new)^2 gives "
-                   "those of the renormalised keys.",
-         quantity="mp: the rescaled G~, M, C_v against statistics recomputed from keys scaled by m_old/m_new (factor a power of 2).",
-         strategy=lambda: st.tuples(_seq_cases(), st.sampled_from((0.5, 2.0, 4.0))), check=_footnote("printed"),
-         expected=FAILS, twin="echo.s321.footnote1.corrected", examples=(_FOOT_EXAMPLE,)),
-    echo(id="echo.s321.footnote1.corrected", source="Echo Sec. 3.2.1, footnote 1 (corrected)",
-         statement="G~ <- eps I + rho^2 (G~ - eps I), M <- rho^2 M, C_v <- rho C_v with rho = m_old/m_new (C_v is linear in the "
-                   "keys; eps I is not data).",
-         quantity="mp: against recomputed statistics, held to 1e-30.",
-         strategy=lambda: st.tuples(_seq_cases(), st.sampled_from((0.5, 2.0, 4.0))), check=_footnote("corrected"),
-         form=CORRECTED, twin="echo.s321.footnote1.printed"),
-)
+erratum(Twin("echo.s321.footnote1.printed", source="Echo Sec. 3.2.1, footnote 1",
+             statement="""When the frozen normaliser changes from m_old to m_new, rescaling all statistics by
+                          (m_old/m_new)^2 gives those of the renormalised keys.""",
+             quantity="""mp: the rescaled G~, M, C_v against statistics recomputed from keys scaled by m_old/m_new
+                         (factor a power of 2).""", examples=(_FOOT_EXAMPLE,)),
+        Twin("echo.s321.footnote1.corrected", source="Echo Sec. 3.2.1, footnote 1 (corrected)",
+             statement="""G~ <- eps I + rho^2 (G~ - eps I), M <- rho^2 M, C_v <- rho C_v with rho = m_old/m_new (C_v
+                          is linear in the keys; eps I is not data).""",
+             quantity="""mp: against recomputed statistics, held to 1e-30."""), check=_footnote,
+        strategy=lambda: st.tuples(_seq_cases(), st.sampled_from((0.5, 2.0, 4.0))))
 
 
 @formed
@@ -1377,21 +1284,16 @@ def _layer_estimator(form):
 
 
 _LAYER_EXAMPLE = {"Z": ((1.0,), (1.0,)), "V": ((0.0,), (0.0,)), "q": (0.0,), "eps": 1.0}
-register(
-    echo(id="echo.s323.layer_estimator.printed", source="Echo Sec. 3.2.3 with eq. (4) and Prop. A.1/A.2",
-         statement="The layer's A = M G~^{-1}, with G~ of eq. (4) (sum over all T tokens), is the ridge Koopman estimator of "
-                   "Props. A.1-A.2: the minimiser of sum_{t<T} ||z_{t+1} - A z_t||^2 + eps ||A||_F^2.",
-         quantity="mp: the gradient of that objective at M G~^{-1}.",
-         strategy=lambda: _seq_cases(min_T=2), check=_layer_estimator("printed"), expected=FAILS,
-         twin="echo.s323.layer_estimator.corrected", examples=(_LAYER_EXAMPLE,),
-         note="Prop. A.1's G sums t = 1..T-1 (eq. (16)); eqs. (4) and (53) include the last token."),
-    echo(id="echo.s323.layer_estimator.corrected", source="Echo Sec. 3.2.3 (corrected)",
-         statement="M G~^{-1} minimises sum_{t<T} ||z_{t+1} - A z_t||^2 + ||A z_T||^2 + eps ||A||_F^2 (the last key regressed "
-                   "onto 0).",
-         quantity="mp: the gradient of that objective at M G~^{-1}, held to 1e-30.",
-         strategy=lambda: _seq_cases(min_T=2), check=_layer_estimator("corrected"), form=CORRECTED,
-         twin="echo.s323.layer_estimator.printed"),
-)
+erratum(Twin("echo.s323.layer_estimator.printed", source="Echo Sec. 3.2.3 with eq. (4) and Prop. A.1/A.2",
+             statement="""The layer's A = M G~^{-1}, with G~ of eq. (4) (sum over all T tokens), is the ridge Koopman
+                          estimator of Props. A.1-A.2: the minimiser of sum_{t<T} ||z_{t+1} - A z_t||^2 + eps ||A||_F^2.""",
+             quantity="""mp: the gradient of that objective at M G~^{-1}.""", examples=(_LAYER_EXAMPLE,),
+             note="""Prop. A.1's G sums t = 1..T-1 (eq. (16)); eqs. (4) and (53) include the last token."""),
+        Twin("echo.s323.layer_estimator.corrected", source="Echo Sec. 3.2.3 (corrected)",
+             statement="""M G~^{-1} minimises sum_{t<T} ||z_{t+1} - A z_t||^2 + ||A z_T||^2 + eps ||A||_F^2 (the last
+                          key regressed onto 0).""",
+             quantity="""mp: the gradient of that objective at M G~^{-1}, held to 1e-30."""), check=_layer_estimator,
+        strategy=lambda: _seq_cases(min_T=2))
 
 
 # ------------------------------------------------------------------- chunk-causal mode and the sequence max
@@ -1434,19 +1336,15 @@ def _chunk_causal(form):
     return check
 
 
-register(
-    echo(id="echo.chunk_causal.printed", source="Echo Sec. 3.2.1 chunk-causal mode, eqs. (3), (7)-(10)",
-         statement="In chunk-causal mode chunk c's outputs depend only on strictly preceding chunks, with keys normalised by "
-                   "eq. (3)'s m = max_{s<=T} ||z_s||.",
-         quantity="float64: max change of chunks 0-1's outputs (solvers.koopman, S = 4, T = 12) when only the last key is "
-                  "scaled, held to 0.",
-         strategy=_late_token_cases, check=_chunk_causal("printed"), precisions=("float64",), expected=FAILS,
-         twin="echo.chunk_causal.corrected", examples=((0, 10.0),), implementation=_chunk_causal_impl,
-         note="The max in eq. (3) runs over the whole sequence: a larger later key rescales every earlier chunk's statistics."),
-    echo(id="echo.chunk_causal.corrected", source="Echo Sec. 3.2.1 chunk-causal mode (corrected)",
-         statement="With a scale fixed before the sequence (a frozen or running scale instead of the sequence max), chunks "
-                   "before a changed token are bitwise unchanged.",
-         quantity="float64: the same change with scale = the first chunk's max, held to 0.",
-         strategy=_late_token_cases, check=_chunk_causal("corrected"), precisions=("float64",), form=CORRECTED,
-         twin="echo.chunk_causal.printed", implementation=_chunk_causal_impl),
-)
+erratum(Twin("echo.chunk_causal.printed", source="Echo Sec. 3.2.1 chunk-causal mode, eqs. (3), (7)-(10)",
+             statement="""In chunk-causal mode chunk c's outputs depend only on strictly preceding chunks, with keys
+                          normalised by eq. (3)'s m = max_{s<=T} ||z_s||.""",
+             quantity="""float64: max change of chunks 0-1's outputs (solvers.koopman, S = 4, T = 12) when only the
+                         last key is scaled, held to 0.""", examples=((0, 10.0),),
+             note="""The max in eq. (3) runs over the whole sequence: a larger later key rescales every earlier
+                     chunk's statistics."""),
+        Twin("echo.chunk_causal.corrected", source="Echo Sec. 3.2.1 chunk-causal mode (corrected)",
+             statement="""With a scale fixed before the sequence (a frozen or running scale instead of the sequence
+                          max), chunks before a changed token are bitwise unchanged.""",
+             quantity="""float64: the same change with scale = the first chunk's max, held to 0."""),
+        check=_chunk_causal, strategy=_late_token_cases, precisions=("float64",), implementation=_chunk_causal_impl)

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
-from ..registry import register, register_uncheckable
+from ..claim import ALL_PRECISIONS, MP, WORKING, Measurement
+from ..declare import Twin, for_paper, not_checkable
 from ._common import F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mpf, worst
 
 A_B = (0.25, 0.5, 1.0, 2.0)
@@ -59,28 +59,24 @@ def _impl_solvers():
     return impl
 
 
-def gate(**kw) -> Claim:
-    kw.setdefault("implementation", _impl)
-    return Claim(paper="gates", **kw)
+claim, erratum = for_paper("gates", implementation=_impl)
 
 
 _Z = lambda lo=-16.0, hi=16.0: bf16_floats(lo, hi)  # noqa: E731
 
 
+@claim("gates.stablessm_continuous", source="Gate proposal, Background, 'StableSSM's insight'",
+       strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)))
 def _check_continuous(case, impl, prec) -> Measurement:
+    """For f*(w) = -1/(a w^2 + b), the gradient scale |f'(w)|/f(w)^2 equals 2a|w|.
+
+    Measured: mp: mpmath.diff of f against 2a|w|, held to 1e-30.
+    """
     w, a, b = case
     with mpla.exact():
         f = lambda x: impl["stablessm_continuous_mp"](x, a, b)  # noqa: E731
         w = mpf(w)
         return exact_identity(abs(mpmath.diff(f, w)) / f(w) ** 2, 2 * mpf(a) * abs(w), "|f'|/f^2 = 2a|w|")
-
-
-register(gate(
-    id="gates.stablessm_continuous", source="Gate proposal, Background, 'StableSSM's insight'",
-    statement="For f*(w) = -1/(a w^2 + b), the gradient scale |f'(w)|/f(w)^2 equals 2a|w|.",
-    quantity="mp: mpmath.diff of f against 2a|w|, held to 1e-30.",
-    strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)), check=_check_continuous,
-))
 
 
 @formed
@@ -95,18 +91,13 @@ def _discrete_range(form):
     return check
 
 
-register(
-    gate(id="gates.stablessm_discrete.range.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
-         statement="f*(w) = 1 - 1/(a w^2 + b) maps R into (-1, 1).",
-         quantity="mp: f*(w) against -1 and 1 for a, b in {1/4, 1/2, 1, 2}.",
-         strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)), check=_discrete_range("printed"),
-         expected=FAILS, twin="gates.stablessm_discrete.range.corrected", examples=((0.0, 1.0, 0.25),)),
-    gate(id="gates.stablessm_discrete.range.corrected", source="Gate proposal, Background (corrected)",
-         statement="f* maps R onto [1 - 1/b, 1): inside (-1, 1) exactly when b > 1/2 (and into [0, 1) when b >= 1).",
-         quantity="mp: f*(w) against 1 - 1/b and 1.",
-         strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)), check=_discrete_range("corrected"),
-         form=CORRECTED, twin="gates.stablessm_discrete.range.printed"),
-)
+erratum(Twin("gates.stablessm_discrete.range.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
+             statement="""f*(w) = 1 - 1/(a w^2 + b) maps R into (-1, 1).""",
+             quantity="""mp: f*(w) against -1 and 1 for a, b in {1/4, 1/2, 1, 2}.""", examples=((0.0, 1.0, 0.25),)),
+        Twin("gates.stablessm_discrete.range.corrected", source="Gate proposal, Background (corrected)",
+             statement="""f* maps R onto [1 - 1/b, 1): inside (-1, 1) exactly when b > 1/2 (and into [0, 1) when b >=
+                          1).""", quantity="""mp: f*(w) against 1 - 1/b and 1."""), check=_discrete_range,
+        strategy=lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B)))
 
 
 @formed
@@ -140,35 +131,38 @@ def _scale(form, which):
 
 
 _AB_CASES = lambda: st.tuples(_Z(), st.sampled_from(A_B), st.sampled_from(A_B))  # noqa: E731
-register(
-    gate(id="gates.stablessm_discrete.scale.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
-         statement="f*(w) = 1 - 1/(a w^2 + b) has gradient scale |f'|/f^2 = 2a|w| ('the same balanced property').",
-         quantity="mp: |f'|/f^2 (mpmath.diff) against 2a|w| where f* > 0.",
-         strategy=_AB_CASES, check=_scale("printed", "stablessm"), expected=FAILS,
-         twin="gates.stablessm_discrete.scale.corrected", examples=((2.0, 1.0, 1.0),),
-         note="|f'|/f^2 = 2a|w| / (a w^2 + b - 1)^2; the balanced quantity is |f'|/(1 - f)^2 (the distance to 1 plays the "
-              "role f plays for the continuous-time eigenvalue)."),
-    gate(id="gates.stablessm_discrete.scale.corrected", source="Gate proposal, Background (corrected)",
-         statement="|f*'(w)| / (1 - f*(w))^2 = 2a|w|.",
-         quantity="mp: against 2a|w|, held to 1e-30.", strategy=_AB_CASES, check=_scale("corrected", "stablessm"),
-         form=CORRECTED, twin="gates.stablessm_discrete.scale.printed"),
-    gate(id="gates.balanced.scale.printed", source="Gate proposal, Mathematical Formulation and Theoretical Analysis (table row)",
-         statement="For phi(z) = max(0, 1 - 1/(z^2 + 1)), |phi'(z)|/phi(z)^2 = 2|z|: linear, bounded and balanced.",
-         quantity="mp: |phi'|/phi^2 against 2|z| where phi > 0; working precisions: solvers.gates.gradient_over_weight.",
-         strategy=lambda: _Z(), check=_scale("printed", "balanced"), precisions=(MP, "float64", "float32"),
-         implementation=_impl_solvers, expected=FAILS, twin="gates.balanced.scale.corrected", examples=(2.0,),
-         note="With a = b = 1, |phi'|/phi^2 = 2/|z|^3 (equal to 2|z| only at |z| = 1): it diverges at 0 and vanishes at "
-              "infinity like the sigmoid's."),
-    gate(id="gates.balanced.scale.corrected", source="Gate proposal, Theoretical Analysis (corrected)",
-         statement="|phi'(z)| / (1 - phi(z))^2 = 2a|z| wherever phi > 0 (solvers.gates.stable_gradient_scale).",
-         quantity="mp: against 2|z|, held to 1e-30; working precisions: stable_gradient_scale against 2a|z| within the allowance.",
-         strategy=lambda: _Z(), check=_scale("corrected", "balanced"),
-         precisions=ALL_PRECISIONS, implementation=_impl_solvers,
-         form=CORRECTED, twin="gates.balanced.scale.printed"),
-)
+erratum(Twin("gates.stablessm_discrete.scale.printed", source="Gate proposal, Background, 'Adaptation to decay gates'",
+             statement="""f*(w) = 1 - 1/(a w^2 + b) has gradient scale |f'|/f^2 = 2a|w| ('the same balanced
+                          property').""", quantity="""mp: |f'|/f^2 (mpmath.diff) against 2a|w| where f* > 0.""",
+             examples=((2.0, 1.0, 1.0),),
+             note="""|f'|/f^2 = 2a|w| / (a w^2 + b - 1)^2; the balanced quantity is |f'|/(1 - f)^2 (the distance to 1
+                     plays the role f plays for the continuous-time eigenvalue)."""),
+        Twin("gates.stablessm_discrete.scale.corrected", source="Gate proposal, Background (corrected)",
+             statement="""|f*'(w)| / (1 - f*(w))^2 = 2a|w|.""", quantity="""mp: against 2a|w|, held to 1e-30."""),
+        check=_scale, args=("stablessm",), strategy=_AB_CASES)
+erratum(Twin("gates.balanced.scale.printed",
+             source="Gate proposal, Mathematical Formulation and Theoretical Analysis (table row)",
+             statement="""For phi(z) = max(0, 1 - 1/(z^2 + 1)), |phi'(z)|/phi(z)^2 = 2|z|: linear, bounded and
+                          balanced.""",
+             quantity="""mp: |phi'|/phi^2 against 2|z| where phi > 0; working precisions:
+                         solvers.gates.gradient_over_weight.""", precisions=(MP, "float64", "float32"), examples=(2.0,),
+             note="""With a = b = 1, |phi'|/phi^2 = 2/|z|^3 (equal to 2|z| only at |z| = 1): it diverges at 0 and
+                     vanishes at infinity like the sigmoid's."""),
+        Twin("gates.balanced.scale.corrected", source="Gate proposal, Theoretical Analysis (corrected)",
+             statement="""|phi'(z)| / (1 - phi(z))^2 = 2a|z| wherever phi > 0 (solvers.gates.stable_gradient_scale).""",
+             quantity="""mp: against 2|z|, held to 1e-30; working precisions: stable_gradient_scale against 2a|z|
+                         within the allowance.""", precisions=ALL_PRECISIONS), check=_scale, args=("balanced",),
+        strategy=lambda: _Z(), implementation=_impl_solvers)
 
 
+@claim("gates.sigmoid.scale", source="Gate proposal, Mathematical Formulation; Theoretical Analysis (sigmoid row)",
+       strategy=lambda: bf16_floats(-40.0, 40.0))
 def _check_sigmoid_scale(z, impl, prec) -> Measurement:
+    """sigma'(z) = sigma(1 - sigma), and |sigma'|/sigma^2 = (1 - sigma)/sigma (= e^{-z}), which diverges as sigma -> 0
+    and vanishes as sigma -> 1; sigma' -> 0 at both ends.
+
+    Measured: mp: the identities (mpmath.diff), held to 1e-30.
+    """
     with mpla.exact():
         z = mpf(z)
         s = impl["sigmoid_mp"](z)
@@ -180,16 +174,14 @@ def _check_sigmoid_scale(z, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(gate(
-    id="gates.sigmoid.scale", source="Gate proposal, Mathematical Formulation; Theoretical Analysis (sigmoid row)",
-    statement="sigma'(z) = sigma(1 - sigma), and |sigma'|/sigma^2 = (1 - sigma)/sigma (= e^{-z}), which diverges as sigma -> 0 "
-              "and vanishes as sigma -> 1; sigma' -> 0 at both ends.",
-    quantity="mp: the identities (mpmath.diff), held to 1e-30.",
-    strategy=lambda: bf16_floats(-40.0, 40.0), check=_check_sigmoid_scale,
-))
-
-
+@claim("gates.balanced.basics", source="Gate proposal, Mathematical Formulation; Parallelism Analysis",
+       strategy=_AB_CASES)
 def _check_balanced_basics(case, impl, prec) -> Measurement:
+    """phi maps R into [0, 1) with phi(0) = 0 for b = 1 and phi -> 1 as |z| -> infinity; phi' = 2az/(az^2 + b)^2 where
+    phi > 0; for b >= 1 the max(0, .) never binds (no warp divergence).
+
+    Measured: mp: each statement (the derivative by mpmath.diff).
+    """
     z, a, b = case
     with mpla.exact():
         z = mpf(z)
@@ -204,16 +196,14 @@ def _check_balanced_basics(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(gate(
-    id="gates.balanced.basics", source="Gate proposal, Mathematical Formulation; Parallelism Analysis",
-    statement="phi maps R into [0, 1) with phi(0) = 0 for b = 1 and phi -> 1 as |z| -> infinity; phi' = 2az/(az^2 + b)^2 "
-              "where phi > 0; for b >= 1 the max(0, .) never binds (no warp divergence).",
-    quantity="mp: each statement (the derivative by mpmath.diff).",
-    strategy=_AB_CASES, check=_check_balanced_basics,
-))
-
-
+@claim("gates.balanced.solver", source="Gate proposal, Mathematical Formulation (as implemented in solvers.gates)",
+       strategy=lambda: bf16_floats(-64.0, 64.0), precisions=WORKING, implementation=_impl_solvers)
 def _check_balanced_solver(z, impl, prec) -> Measurement:
+    """solvers.gates.BalancedGate computes phi and phi' to working accuracy (relative), including near phi = 0 where the
+    printed 1 - 1/(z^2 + 1) cancels.
+
+    Measured: relative error of value and derivative against mp, held to allowance(1, 4).
+    """
     ar = arith(prec)
     zt = torch.tensor([z], dtype=F64).to(ar.dtype)
     g = impl["gates"]["balanced"]
@@ -229,16 +219,6 @@ def _check_balanced_solver(z, impl, prec) -> Measurement:
     return Measurement(max(ev, ed), allowance(1.0, 4, prec), "phi and phi' (relative)")
 
 
-register(gate(
-    id="gates.balanced.solver", source="Gate proposal, Mathematical Formulation (as implemented in solvers.gates)",
-    statement="solvers.gates.BalancedGate computes phi and phi' to working accuracy (relative), including near phi = 0 where "
-              "the printed 1 - 1/(z^2 + 1) cancels.",
-    quantity="relative error of value and derivative against mp, held to allowance(1, 4).",
-    strategy=lambda: bf16_floats(-64.0, 64.0), check=_check_balanced_solver,
-    precisions=WORKING, implementation=_impl_solvers,
-))
-
-
 @formed
 def _softplus(form):
     def check(z, impl, prec) -> Measurement:
@@ -252,18 +232,14 @@ def _softplus(form):
     return check
 
 
-register(
-    gate(id="gates.softplus.printed", source="Gate proposal, Baseline 3 and Theoretical Analysis (softplus row)",
-         statement="The exponential reparameterisation 1 - e^{-softplus(z)} is a different gate from the sigmoid: bounded but "
-                   "exponentially varying, better than sigmoid but still imbalanced.",
-         quantity="mp: value 1 when 1 - e^{-softplus(z)} = sigma(z), held to 0.",
-         strategy=lambda: bf16_floats(-40.0, 40.0), check=_softplus("printed"), expected=FAILS,
-         twin="gates.softplus.corrected", examples=(0.0,)),
-    gate(id="gates.softplus.corrected", source="Gate proposal (corrected)",
-         statement="e^{-softplus(z)} = 1/(1 + e^z), so 1 - e^{-softplus(z)} = sigma(z) identically: the baseline is the sigmoid.",
-         quantity="mp: the identity, held to 1e-30.", strategy=lambda: bf16_floats(-40.0, 40.0), check=_softplus("corrected"),
-         form=CORRECTED, twin="gates.softplus.printed"),
-)
+erratum(Twin("gates.softplus.printed", source="Gate proposal, Baseline 3 and Theoretical Analysis (softplus row)",
+             statement="""The exponential reparameterisation 1 - e^{-softplus(z)} is a different gate from the
+                          sigmoid: bounded but exponentially varying, better than sigmoid but still imbalanced.""",
+             quantity="""mp: value 1 when 1 - e^{-softplus(z)} = sigma(z), held to 0.""", examples=(0.0,)),
+        Twin("gates.softplus.corrected", source="Gate proposal (corrected)",
+             statement="""e^{-softplus(z)} = 1/(1 + e^z), so 1 - e^{-softplus(z)} = sigma(z) identically: the
+                          baseline is the sigmoid.""", quantity="""mp: the identity, held to 1e-30."""),
+        check=_softplus, strategy=lambda: bf16_floats(-40.0, 40.0))
 
 
 @formed
@@ -282,20 +258,25 @@ def _sig_numbers(form):
     return check
 
 
-register(
-    gate(id="gates.effect.sigmoid.printed", source="Gate proposal, Theoretical Analysis, 'Effect on optimization'",
-         statement="With sigmoid, alpha = 0.99 (z ~ 4.6) gets sigma'(4.6) ~ 0.01, 100x smaller than alpha = 0.5's 0.25.",
-         quantity="mp: z and sigma' to the printed digit (half a unit), the ratio to 5% (the two factors are rounded).",
-         strategy=lambda: st.just(None), check=_sig_numbers("printed"), expected=FAILS, twin="gates.effect.sigmoid.corrected",
-         examples=(None,)),
-    gate(id="gates.effect.sigmoid.corrected", source="Gate proposal, 'Effect on optimization' (corrected)",
-         statement="sigma'(4.595) = 0.99 x 0.01 = 0.0099: 25x (not 100x) smaller than sigma'(0) = 0.25.",
-         quantity="as the printed form with 25x.", strategy=lambda: st.just(None), check=_sig_numbers("corrected"),
-         form=CORRECTED, twin="gates.effect.sigmoid.printed"),
-)
+erratum(Twin("gates.effect.sigmoid.printed", source="Gate proposal, Theoretical Analysis, 'Effect on optimization'",
+             statement="""With sigmoid, alpha = 0.99 (z ~ 4.6) gets sigma'(4.6) ~ 0.01, 100x smaller than alpha =
+                          0.5's 0.25.""",
+             quantity="""mp: z and sigma' to the printed digit (half a unit), the ratio to 5% (the two factors are
+                         rounded).""", examples=(None,)),
+        Twin("gates.effect.sigmoid.corrected", source="Gate proposal, 'Effect on optimization' (corrected)",
+             statement="""sigma'(4.595) = 0.99 x 0.01 = 0.0099: 25x (not 100x) smaller than sigma'(0) = 0.25.""",
+             quantity="""as the printed form with 25x."""), check=_sig_numbers, strategy=lambda: st.just(None))
 
 
+@claim("gates.effect.balanced", source="Gate proposal, 'Effect on optimization'; Risks and Limitations 2",
+       strategy=lambda: st.just(None))
 def _check_balanced_numbers(case, impl, prec) -> Measurement:
+    """Balanced phi: 0.99 at z ~ 10 (sigmoid at 4.6), phi'(10) = 20/101^2 ~ 0.002, phi = 0.5 at z = 1 with phi'(1) =
+    0.5, a 250x ratio.
+
+    Measured: mp: each number to its printed digit; the ratio 255.0 to the 2% rounding of the printed 0.002 it is
+    computed from.
+    """
     with mpla.exact():
         z99 = mpmath.sqrt(99)  # phi(z) = 0.99
         d10 = impl["balanced_derivative_mp"](mpf(10))
@@ -311,27 +292,16 @@ def _check_balanced_numbers(case, impl, prec) -> Measurement:
         ])
 
 
-register(gate(
-    id="gates.effect.balanced", source="Gate proposal, 'Effect on optimization'; Risks and Limitations 2",
-    statement="Balanced phi: 0.99 at z ~ 10 (sigmoid at 4.6), phi'(10) = 20/101^2 ~ 0.002, phi = 0.5 at z = 1 with phi'(1) = 0.5, "
-              "a 250x ratio.",
-    quantity="mp: each number to its printed digit; the ratio 255.0 to the 2% rounding of the printed 0.002 it is computed from.",
-    strategy=lambda: st.just(None), check=_check_balanced_numbers,
-))
-
-
+@claim("gates.slower_approach", source="Gate proposal, 'If hypothesis is wrong', Scenario B; Risks 2",
+       strategy=lambda: bf16_floats(2.0**-8, 40.0, allow_zero=False))
 def _check_slower(z, impl, prec) -> Measurement:
+    """phi approaches 1 more slowly than the sigmoid: 1 - phi(z) = 1/(z^2 + 1) >= 1/(1 + e^z) = 1 - sigma(z) for z > 0.
+
+    Measured: mp: the two complements for z in (0, 40].
+    """
     with mpla.exact():
         z = mpf(z)
         return exact_inequality(1 - impl["sigmoid_mp"](z), 1 - impl["balanced_mp"](z), "1 - sigma(z) <= 1 - phi(z)")
-
-
-register(gate(
-    id="gates.slower_approach", source="Gate proposal, 'If hypothesis is wrong', Scenario B; Risks 2",
-    statement="phi approaches 1 more slowly than the sigmoid: 1 - phi(z) = 1/(z^2 + 1) >= 1/(1 + e^z) = 1 - sigma(z) for z > 0.",
-    quantity="mp: the two complements for z in (0, 40].",
-    strategy=lambda: bf16_floats(2.0**-8, 40.0, allow_zero=False), check=_check_slower,
-))
 
 
 @formed
@@ -353,25 +323,28 @@ def _log_domain(form):
     return check
 
 
-register(
-    gate(id="gates.log_domain.printed", source="Gate proposal, Mathematical Formulation ('log phi in (-inf, 0)')",
-         statement="phi(z) in [0, 1), so log phi(z) in (-inf, 0) is well-defined for the cumulative log-space decay.",
-         quantity="mp: value 1 at a z where phi(z) = 0 (log phi = -inf), held to 0.",
-         strategy=lambda: bf16_floats(-4.0, 4.0), check=_log_domain("printed"), expected=FAILS,
-         twin="gates.log_domain.corrected", examples=(0.0,),
-         note="Risks 3 notes the -inf at phi = 0; the formulation's '(-inf, 0)' excludes it."),
-    gate(id="gates.log_domain.corrected", source="Gate proposal, Risks 3 (corrected statement)",
-         statement="log phi(z) lies in [-inf, 0): -inf exactly where phi = 0 (z = 0 for a = b = 1); solvers.gates computes it "
-                   "without cancellation elsewhere.",
-         quantity="working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1, |log phi|)), "
-                  "and -inf at 0.",
-         strategy=lambda: bf16_floats(-4.0, 4.0), check=_log_domain("corrected"),
-         precisions=ALL_PRECISIONS, implementation=_impl_solvers,
-         form=CORRECTED, twin="gates.log_domain.printed"),
-)
+erratum(Twin("gates.log_domain.printed", source="Gate proposal, Mathematical Formulation ('log phi in (-inf, 0)')",
+             statement="""phi(z) in [0, 1), so log phi(z) in (-inf, 0) is well-defined for the cumulative log-space
+                          decay.""", quantity="""mp: value 1 at a z where phi(z) = 0 (log phi = -inf), held to 0.""",
+             precisions=(MP,), examples=(0.0,),
+             note="""Risks 3 notes the -inf at phi = 0; the formulation's '(-inf, 0)' excludes it."""),
+        Twin("gates.log_domain.corrected", source="Gate proposal, Risks 3 (corrected statement)",
+             statement="""log phi(z) lies in [-inf, 0): -inf exactly where phi = 0 (z = 0 for a = b = 1);
+                          solvers.gates computes it without cancellation elsewhere.""",
+             quantity="""working precisions: BalancedGate.log_value against log(z^2/(z^2 + 1)) (relative to max(1,
+                         |log phi|)), and -inf at 0.""", precisions=ALL_PRECISIONS, implementation=_impl_solvers),
+        check=_log_domain, strategy=lambda: bf16_floats(-4.0, 4.0))
 
 
+@claim("gates.log_cumsum", source="Gate proposal, Mathematical Formulation ('log gamma^{i->j} = sum log phi(z)')",
+       strategy=lambda: st.lists(bf16_floats(2.0**-3, 32.0, allow_zero=False), min_size=1, max_size=8),
+       precisions=WORKING, implementation=_impl_solvers)
 def _check_log_cumsum(zs, impl, prec) -> Measurement:
+    """The cumulative log decay of the balanced gates is the sum of log phi (solvers.gates.cumulative_log_decay of
+    BalancedGate.log_value) to working accuracy.
+
+    Measured: max error / sum |log phi| (all terms <= 0: no cancellation) against allowance(1, T + 4).
+    """
     ar = arith(prec)
     g = impl["gates"]["balanced"]
     zt = torch.tensor(zs, dtype=F64).to(ar.dtype)
@@ -387,21 +360,12 @@ def _check_log_cumsum(zs, impl, prec) -> Measurement:
     return Measurement(err / scale if scale > 0 else err, allowance(1.0, len(zs) + 4, prec), "log gamma_{i->j} vs sum log phi")
 
 
-register(gate(
-    id="gates.log_cumsum", source="Gate proposal, Mathematical Formulation ('log gamma^{i->j} = sum log phi(z)')",
-    statement="The cumulative log decay of the balanced gates is the sum of log phi (solvers.gates.cumulative_log_decay "
-              "of BalancedGate.log_value) to working accuracy.",
-    quantity="max error / sum |log phi| (all terms <= 0: no cancellation) against allowance(1, T + 4).",
-    strategy=lambda: st.lists(bf16_floats(2.0**-3, 32.0, allow_zero=False), min_size=1, max_size=8), check=_check_log_cumsum,
-    precisions=WORKING, implementation=_impl_solvers,
-))
+not_checkable("gates.hypotheses", paper="gates",
+              source="Gate proposal, Hypothesis 1-3, Expected Outcome, MVE success criteria", text="""
+    2-5x higher stable learning rate, 0.3-0.8% lower perplexity, zero overhead, >50% lower gradient variance.
 
+    Why: Predictions of experiments not yet run (status: ongoing).""")
+not_checkable("gates.op_counts", paper="gates", source="Gate proposal, Memory Access Pattern Analysis", text="""
+    Sigmoid costs 1 exp + 1 add + 1 div; phi 1 mul + 1 add + 1 div + 1 sub + 1 max per element.
 
-register_uncheckable(
-    Uncheckable("gates.hypotheses", "gates", "Gate proposal, Hypothesis 1-3, Expected Outcome, MVE success criteria",
-                "2-5x higher stable learning rate, 0.3-0.8% lower perplexity, zero overhead, >50% lower gradient variance.",
-                "Predictions of experiments not yet run (status: ongoing)."),
-    Uncheckable("gates.op_counts", "gates", "Gate proposal, Memory Access Pattern Analysis",
-                "Sigmoid costs 1 exp + 1 add + 1 div; phi 1 mul + 1 add + 1 div + 1 sub + 1 max per element.",
-                "A count of the formula's operations, true by reading it; throughput is hardware-dependent."),
-)
+    Why: A count of the formula's operations, true by reading it; throughput is hardware-dependent.""")

@@ -18,8 +18,8 @@ from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, HOLDS, MP, Claim, Measurement, Uncheckable
-from ..registry import register, register_uncheckable
+from ..claim import ALL_PRECISIONS, MP, Measurement
+from ..declare import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, dtype_of, exact_identity, exact_inequality, formed, mode_of, mpf,
                       rel64, worst)
 
@@ -141,15 +141,21 @@ def _impl_chunk():
     return impl
 
 
-def gka(**kw) -> Claim:
-    kw.setdefault("implementation", _impl)
-    return Claim(paper="gka", **kw)
+claim, erratum = for_paper("gka", implementation=_impl)
 
 
 # ----------------------------------------------------------------------------- eq. (4)
 
 
+@claim("gka.eq4", source="GKA Sec. 4.1, eq. (4)", strategy=lambda: gka_systems(max_dim=4, max_keys=4),
+       precisions=(MP, "float64", "float32", "bfloat16/storage"))
 def _check_eq4(case: GKASystem, impl, prec) -> Measurement:
+    """With lambda = a ||H||_F, every eigenvalue of H + lambda I lies in [mu, L] = [lambda, ||H||_F + lambda], so kappa
+    <= (a+1)/a; attained by rank-one H.
+
+    Measured: mp: kappa(H + lambda I) against (a+1)/a, lambda_max against L, mu against lambda_min. Working precisions:
+    solvers.gka_ridge's stored A has its spectrum in [mu, L] up to u_store ||A||_F (Weyl).
+    """
     a = case.a
     if prec == MP:
         with mpla.exact():
@@ -169,20 +175,18 @@ def _check_eq4(case: GKASystem, impl, prec) -> Measurement:
     return Measurement(out_of, ar.u_store + 8 * case.D * 2.0**-53, "spectrum of stored A outside [mu, L]")
 
 
-register(gka(
-    id="gka.eq4", source="GKA Sec. 4.1, eq. (4)",
-    statement="With lambda = a ||H||_F, every eigenvalue of H + lambda I lies in [mu, L] = [lambda, ||H||_F + lambda], "
-              "so kappa <= (a+1)/a; attained by rank-one H.",
-    quantity="mp: kappa(H + lambda I) against (a+1)/a, lambda_max against L, mu against lambda_min. Working precisions: "
-             "solvers.gka_ridge's stored A has its spectrum in [mu, L] up to u_store ||A||_F (Weyl).",
-    strategy=lambda: gka_systems(max_dim=4, max_keys=4), check=_check_eq4, precisions=(MP, "float64", "float32", "bfloat16/storage"),
-))
-
-
 # ----------------------------------------------------------------------------- eq. (5)
 
 
+@claim("gka.eq5", source="GKA Sec. 4.2.1, eq. (5)", strategy=lambda: gka_sequences(max_T=4, max_dim=3, with_H0=True),
+       precisions=ALL_PRECISIONS, implementation=_impl_chunk)
 def _check_eq5(seq: GKASequence, impl, prec) -> Measurement:
+    """Within a chunk, ||H_c||_F^2 = zeta_c^2 ||H_0||_F^2 + 2 zeta_c sum_j M_{j,c} k_j^T H_0 k_j + column-sum(((G_C .
+    G_C) M) . M)_c, with M_{j,c} = zeta_c/zeta_j and G_C = K_C^T K_C.
+
+    Measured: mp: the three-term formula against ||H_c||_F^2 from the recurrence. Working precisions:
+    solvers.gka_chunk.chunkwise_frobenius against the exact norms, relative error <= allowance(kappa=1, n=D+T).
+    """
     if prec == MP:
         with mpla.exact():
             states = mp_states(seq)
@@ -204,17 +208,6 @@ def _check_eq5(seq: GKASequence, impl, prec) -> Measurement:
     return Measurement(err, allowance(1.0, seq.D + seq.T, prec), f"chunk size {chunk}")
 
 
-register(gka(
-    id="gka.eq5", source="GKA Sec. 4.2.1, eq. (5)",
-    statement="Within a chunk, ||H_c||_F^2 = zeta_c^2 ||H_0||_F^2 + 2 zeta_c sum_j M_{j,c} k_j^T H_0 k_j "
-              "+ column-sum(((G_C . G_C) M) . M)_c, with M_{j,c} = zeta_c/zeta_j and G_C = K_C^T K_C.",
-    quantity="mp: the three-term formula against ||H_c||_F^2 from the recurrence. Working precisions: "
-             "solvers.gka_chunk.chunkwise_frobenius against the exact norms, relative error <= allowance(kappa=1, n=D+T).",
-    strategy=lambda: gka_sequences(max_T=4, max_dim=3, with_H0=True), check=_check_eq5,
-    precisions=ALL_PRECISIONS, implementation=_impl_chunk,
-))
-
-
 # ------------------------------------------------------------ Sec. 4.2.1: chunkwise matvec
 
 
@@ -234,20 +227,15 @@ def _chunk_matvec(form):
     return check
 
 
-register(
-    gka(id="gka.chunk_matvec.printed", source="GKA Sec. 4.2.1, 'H_[t]+1 xi via H_[t] xi + gamma_1 k k^T xi'",
-        statement="The matvec with H_{[t]+1} is H_{[t]} xi + gamma_1 k_{[t]+1} k_{[t]+1}^T xi.",
-        quantity="mp: relative difference from (gamma_1 H_[t] + k k^T) xi, held to 1e-30.",
-        strategy=lambda: gka_sequences(max_T=1, max_dim=3, with_H0=True), check=_chunk_matvec("printed"),
-        expected=FAILS, twin="gka.chunk_matvec.corrected",
-        examples=(GKASequence(keys=((0.0,),), log_gates=(-1.0,), queries=((1.0,),), cotangents=((0.0,),), a=0.01,
-                              H0_keys=((1.0,),)),)),
-    gka(id="gka.chunk_matvec.corrected", source="GKA Sec. 4.2.1 (corrected)",
-        statement="H_{[t]+1} xi = gamma_1 H_{[t]} xi + k_{[t]+1} (k_{[t]+1}^T xi): the gate multiplies the state, not the new key.",
-        quantity="mp: relative difference from (gamma_1 H_[t] + k k^T) xi, held to 1e-30.",
-        strategy=lambda: gka_sequences(max_T=1, max_dim=3, with_H0=True), check=_chunk_matvec("corrected"),
-        form=CORRECTED, twin="gka.chunk_matvec.printed"),
-)
+erratum(Twin("gka.chunk_matvec.printed", source="GKA Sec. 4.2.1, 'H_[t]+1 xi via H_[t] xi + gamma_1 k k^T xi'",
+             statement="""The matvec with H_{[t]+1} is H_{[t]} xi + gamma_1 k_{[t]+1} k_{[t]+1}^T xi.""",
+             examples=(GKASequence(keys=((0.0,),), log_gates=(-1.0,), queries=((1.0,),), cotangents=((0.0,),), a=0.01,
+                                   H0_keys=((1.0,),)),)),
+        Twin("gka.chunk_matvec.corrected", source="GKA Sec. 4.2.1 (corrected)",
+             statement="""H_{[t]+1} xi = gamma_1 H_{[t]} xi + k_{[t]+1} (k_{[t]+1}^T xi): the gate multiplies the
+                          state, not the new key."""), check=_chunk_matvec,
+        strategy=lambda: gka_sequences(max_T=1, max_dim=3, with_H0=True),
+        quantity="""mp: relative difference from (gamma_1 H_[t] + k k^T) xi, held to 1e-30.""")
 
 
 # ----------------------------------------------------------------- Sec. 2: GDN as one GD step
@@ -283,17 +271,13 @@ def _gdn(form):
 
 
 _GDN_EXAMPLE = {"S": ((1.0,),), "k": (1.0,), "v": (0.0,), "gamma": 1.0, "beta": 1.0}
-register(
-    gka(id="gka.gdn_step.printed", source="GKA Sec. 2, (GDN) and eq. (2)",
-        statement="(GDN) is one gradient-descent step with step size beta_t, from gamma_t S_{t-1}, on min_S ||S k_t - v_t||_2^2.",
-        quantity="mp: relative difference between that GD step and the (GDN) update, held to 1e-30.",
-        strategy=_gdn_cases, check=_gdn("printed"), expected=FAILS, twin="gka.gdn_step.corrected",
-        examples=(_GDN_EXAMPLE,)),
-    gka(id="gka.gdn_step.corrected", source="GKA Sec. 2, (GDN) (corrected)",
-        statement="(GDN) is one GD step with step beta_t on (1/2)||S k_t - v_t||^2 (equivalently step beta_t/2 on eq. (2)).",
-        quantity="mp: relative difference between that GD step and the (GDN) update, held to 1e-30.",
-        strategy=_gdn_cases, check=_gdn("corrected"), form=CORRECTED, twin="gka.gdn_step.printed"),
-)
+erratum(Twin("gka.gdn_step.printed", source="GKA Sec. 2, (GDN) and eq. (2)",
+             statement="""(GDN) is one gradient-descent step with step size beta_t, from gamma_t S_{t-1}, on min_S
+                          ||S k_t - v_t||_2^2.""", examples=(_GDN_EXAMPLE,)),
+        Twin("gka.gdn_step.corrected", source="GKA Sec. 2, (GDN) (corrected)",
+             statement="""(GDN) is one GD step with step beta_t on (1/2)||S k_t - v_t||^2 (equivalently step beta_t/2
+                          on eq. (2))."""), check=_gdn, strategy=_gdn_cases,
+        quantity="""mp: relative difference between that GD step and the (GDN) update, held to 1e-30.""")
 
 
 # ------------------------------------------------------------------- Sec. 3.1: (KF) solves (3)
@@ -311,7 +295,14 @@ def mp_attention(keys, values, q):
     return sum((wi * v for wi, v in zip(w, values)), mpla.zeros(values[0].rows)) / mpmath.fsum(w)
 
 
+@claim("gka.kf", source="GKA Sec. 3.1, eq. (3) and (KF)", strategy=lambda: gka_sequences(max_T=4, max_dim=3))
 def _check_kf(seq: GKASequence, impl, prec) -> Measurement:
+    """The Kalman-filter recursion (KF), with Phi updated by Woodbury from Phi_0 = I/lambda, yields the weighted ridge
+    minimiser S_t = (sum eta_i v_i k_i^T)(sum eta_i k_i k_i^T + lambda I)^{-1} of eq. (3) at every t.
+
+    Measured: mp: relative difference between the recursion's S_t and the closed form, held to 1e-30 (eta_i = exp(g_i),
+    lambda = a).
+    """
     with mpla.exact():
         D, lam = seq.D, mpf(seq.a)
         S, Phi = mpla.zeros(D, D), mpla.eye(D) / lam
@@ -327,16 +318,13 @@ def _check_kf(seq: GKASequence, impl, prec) -> Measurement:
         return worst(out)
 
 
-register(gka(
-    id="gka.kf", source="GKA Sec. 3.1, eq. (3) and (KF)",
-    statement="The Kalman-filter recursion (KF), with Phi updated by Woodbury from Phi_0 = I/lambda, yields the weighted "
-              "ridge minimiser S_t = (sum eta_i v_i k_i^T)(sum eta_i k_i k_i^T + lambda I)^{-1} of eq. (3) at every t.",
-    quantity="mp: relative difference between the recursion's S_t and the closed form, held to 1e-30 (eta_i = exp(g_i), lambda = a).",
-    strategy=lambda: gka_sequences(max_T=4, max_dim=3), check=_check_kf,
-))
-
-
+@claim("gka.attn_regression", source="GKA Sec. 2, (Attn) and eq. (1)",
+       strategy=lambda: gka_sequences(max_T=4, max_dim=3, gated=False))
 def _check_attention_nw(seq: GKASequence, impl, prec) -> Measurement:
+    """Softmax attention's output y_t is the minimiser of sum_i exp(k_i^T q_t / sqrt(D)) ||v - v_i||^2.
+
+    Measured: mp: the gradient of eq. (1) at y_t (as sum_i w_i y = sum_i w_i v_i), held to 1e-30.
+    """
     with mpla.exact():
         q = mpla.vec(seq.cotangents[0])
         D = seq.D
@@ -347,14 +335,6 @@ def _check_attention_nw(seq: GKASequence, impl, prec) -> Measurement:
         return exact_identity(mpmath.fsum(w) * y, sum((wi * v for wi, v in zip(w, vs)), mpla.zeros(D)), "grad of (1) at y")
 
 
-register(gka(
-    id="gka.attn_regression", source="GKA Sec. 2, (Attn) and eq. (1)",
-    statement="Softmax attention's output y_t is the minimiser of sum_i exp(k_i^T q_t / sqrt(D)) ||v - v_i||^2.",
-    quantity="mp: the gradient of eq. (1) at y_t (as sum_i w_i y = sum_i w_i v_i), held to 1e-30.",
-    strategy=lambda: gka_sequences(max_T=4, max_dim=3, gated=False), check=_check_attention_nw,
-))
-
-
 # ------------------------------------------------------------------------- Algorithm 1
 
 
@@ -362,7 +342,15 @@ def _alg1_cases():
     return st.tuples(gka_systems(max_dim=4, max_keys=4), st.integers(0, 8))
 
 
+@claim("gka.alg1", source="GKA Sec. 4.1, Algorithm 1", strategy=_alg1_cases, precisions=ALL_PRECISIONS)
 def _check_alg1(case, impl, prec) -> Measurement:
+    """Algorithm 1 computes the Chebyshev iterate: xi_r = p_r(H) q with residual polynomial 1 - lam p_r(lam) =
+    T_{r+1}((L + mu - 2 lam)/(L - mu)) / T_{r+1}(1/rho).
+
+    Measured: mp: Algorithm 1 against the closed form in H's eigenbasis, held to 1e-30. Working precisions:
+    solvers.chebyshev against the mp replay with the same rounded constants, ||xi_hat - xi_mp|| / ||x*|| <=
+    allowance(kappa, D).
+    """
     sysc, r = case
     if prec == MP:
         with mpla.exact():
@@ -390,17 +378,15 @@ def _check_alg1(case, impl, prec) -> Measurement:
     return Measurement(err, allowance(kappa, sysc.D, prec), f"r={r}")
 
 
-register(gka(
-    id="gka.alg1", source="GKA Sec. 4.1, Algorithm 1",
-    statement="Algorithm 1 computes the Chebyshev iterate: xi_r = p_r(H) q with residual polynomial "
-              "1 - lam p_r(lam) = T_{r+1}((L + mu - 2 lam)/(L - mu)) / T_{r+1}(1/rho).",
-    quantity="mp: Algorithm 1 against the closed form in H's eigenbasis, held to 1e-30. Working precisions: solvers.chebyshev "
-             "against the mp replay with the same rounded constants, ||xi_hat - xi_mp|| / ||x*|| <= allowance(kappa, D).",
-    strategy=_alg1_cases, check=_check_alg1, precisions=ALL_PRECISIONS,
-))
-
-
+@claim("gka.alg1.rate", source="GKA Sec. 4.1 / App. D.1 (Chebyshev optimality, ref. [47])", strategy=_alg1_cases)
 def _check_alg1_rate(case, impl, prec) -> Measurement:
+    """With the spectrum in [mu, L], Algorithm 1's error satisfies ||xi_r - x*|| <= ||x*|| / T_{r+1}(1/rho) <= 2
+    R_a^{r+1} ||x*||: the rate that makes CH the optimal first-order method.
+
+    Measured: mp: ||xi_r - x*|| / ||x*|| against 1/T_{r+1}(1/rho).
+
+    Note: Attained (r = 0 and q along an extreme eigenvector), so not loose.
+    """
     sysc, r = case
     with mpla.exact():
         H = mpla.mat(sysc.keys).T * mpla.mat(sysc.keys)
@@ -415,31 +401,18 @@ def _check_alg1_rate(case, impl, prec) -> Measurement:
         return exact_inequality(mpla.fro(xi - x) / mpla.fro(x), bound, f"r={r}")
 
 
-register(gka(
-    id="gka.alg1.rate", source="GKA Sec. 4.1 / App. D.1 (Chebyshev optimality, ref. [47])",
-    statement="With the spectrum in [mu, L], Algorithm 1's error satisfies ||xi_r - x*|| <= ||x*|| / T_{r+1}(1/rho) "
-              "<= 2 R_a^{r+1} ||x*||: the rate that makes CH the optimal first-order method.",
-    quantity="mp: ||xi_r - x*|| / ||x*|| against 1/T_{r+1}(1/rho).",
-    strategy=_alg1_cases, check=_check_alg1_rate,
-    note="Attained (r = 0 and q along an extreme eigenvector), so not loose.",
-))
-
-
+@claim("gka.d1.gd_rate", source="GKA App. D.1, 'CH in detail'", strategy=lambda: gka_systems(max_dim=4, max_keys=4))
 def _check_gd_rate(case, impl, prec) -> Measurement:
+    """rho = (L - mu)/(L + mu) is the contraction factor of gradient descent with step 2/(L + mu) on eq. (11).
+
+    Measured: mp: ||I - 2 A/(L + mu)||_2 against rho for the GKA ridge system A.
+    """
     sysc = case
     with mpla.exact():
         H = mpla.mat(sysc.keys).T * mpla.mat(sysc.keys)
         A, lam, L, mu = impl["ridge_mp"](H, sysc.a)
         rho = (L - mu) / (L + mu)
         return exact_inequality(mpla.norm2(mpla.eye(A.rows) - 2 / (L + mu) * A), rho, "||I - 2A/(L+mu)||")
-
-
-register(gka(
-    id="gka.d1.gd_rate", source="GKA App. D.1, 'CH in detail'",
-    statement="rho = (L - mu)/(L + mu) is the contraction factor of gradient descent with step 2/(L + mu) on eq. (11).",
-    quantity="mp: ||I - 2 A/(L + mu)||_2 against rho for the GKA ridge system A.",
-    strategy=lambda: gka_systems(max_dim=4, max_keys=4), check=_check_gd_rate,
-))
 
 
 # ------------------------------------------------------------------------- Lemma 3, Lemma 4
@@ -468,7 +441,17 @@ def _working_schedule(impl, L, mu, r, prec):
     return w, ar.u_acc, ws
 
 
+@claim("gka.lemma3", source="GKA App. D.1, Lemma 3", strategy=_schedule_cases, precisions=ALL_PRECISIONS)
 def _check_lemma3(case, impl, prec) -> Measurement:
+    """For L > mu > 0 and any r: 2 = omega_0 >= omega_1 >= ... >= omega_r >= omega_1* > 1 with omega_1* = 2(1 - sqrt(1 -
+    rho^2))/rho^2; hence 4 - rho^2 omega_i lies in [2, 4].
+
+    Measured: mp: every inequality, held exactly (1e-30). Working precisions: the schedule solvers.chebyshev_weights
+    computes (compute dtype) is non-increasing and >= omega_1*(rounded rho^2) up to 3u omega <= 6u, and never exceeds 2.
+
+    Note: The proof's 'g(omega_i) <= 0' should read g(omega_{i-1}) <= 0 (typo; the statement is unaffected). At L = mu,
+    omega_i = 1 for i >= 1 and omega_1* is a 0/0: the lemma needs L > mu, as its proof assumes.
+    """
     (L, mu), r = case
     if prec == MP:
         with mpla.exact():
@@ -485,19 +468,18 @@ def _check_lemma3(case, impl, prec) -> Measurement:
     return worst(parts)
 
 
-register(gka(
-    id="gka.lemma3", source="GKA App. D.1, Lemma 3",
-    statement="For L > mu > 0 and any r: 2 = omega_0 >= omega_1 >= ... >= omega_r >= omega_1* > 1 with "
-              "omega_1* = 2(1 - sqrt(1 - rho^2))/rho^2; hence 4 - rho^2 omega_i lies in [2, 4].",
-    quantity="mp: every inequality, held exactly (1e-30). Working precisions: the schedule solvers.chebyshev_weights computes "
-             "(compute dtype) is non-increasing and >= omega_1*(rounded rho^2) up to 3u omega <= 6u, and never exceeds 2.",
-    strategy=_schedule_cases, check=_check_lemma3, precisions=ALL_PRECISIONS,
-    note="The proof's 'g(omega_i) <= 0' should read g(omega_{i-1}) <= 0 (typo; the statement is unaffected). "
-         "At L = mu, omega_i = 1 for i >= 1 and omega_1* is a 0/0: the lemma needs L > mu, as its proof assumes.",
-))
-
-
+@claim("gka.lemma4", source="GKA App. D.1, Lemma 4", strategy=_schedule_cases, precisions=ALL_PRECISIONS)
 def _check_lemma4(case, impl, prec) -> Measurement:
+    """omega_i - omega_1* <= R^i (omega_0 - omega_1*) with R = (kappa-1)/(kappa+1) (sqrt kappa - 1)/(sqrt kappa + 1).
+
+    Measured: mp: the gap against R^i (2 - omega_1*) at every i <= r. Working precisions: the computed schedule's gap
+    against R^i (2 - omega_1*) + 6u/(1 - R) (per-step rounding 3u omega, contracted by R).
+
+    Note: Tight at i = 1 as kappa -> infinity (ratio 0.93 at kappa = 51, 0.9996 at 1e4), loose for large i: the
+    asymptotic rate is the map's derivative at omega_1*, rho^2 omega_1*^2/4 = R_a^2 < R; e.g. 0.569 vs R = 0.725 at
+    kappa = 51, so R^i overestimates the gap by a factor growing like (R/R_a^2)^i. In strict bf16 the schedule stalls
+    1.5 ulp above omega_1* (1.578 vs 1.569 at kappa = 51): exact Lemma 4 fails there, the rounding-aware form holds.
+    """
     (L, mu), r = case
     if prec == MP:
         with mpla.exact():
@@ -513,19 +495,6 @@ def _check_lemma4(case, impl, prec) -> Measurement:
     slack = 6 * u / (1 - R) if R < 1 else math.inf
     parts = [Measurement(w[i] - ws, R**i * (2.0 - ws) + slack, f"i={i}") for i in range(1, r + 1)]
     return worst(parts or [Measurement(0.0, 1.0, "r = 0")])
-
-
-register(gka(
-    id="gka.lemma4", source="GKA App. D.1, Lemma 4",
-    statement="omega_i - omega_1* <= R^i (omega_0 - omega_1*) with R = (kappa-1)/(kappa+1) (sqrt kappa - 1)/(sqrt kappa + 1).",
-    quantity="mp: the gap against R^i (2 - omega_1*) at every i <= r. Working precisions: the computed schedule's gap "
-             "against R^i (2 - omega_1*) + 6u/(1 - R) (per-step rounding 3u omega, contracted by R).",
-    strategy=_schedule_cases, check=_check_lemma4, precisions=ALL_PRECISIONS,
-    note="Tight at i = 1 as kappa -> infinity (ratio 0.93 at kappa = 51, 0.9996 at 1e4), loose for large i: the asymptotic rate is the map's derivative at omega_1*, rho^2 omega_1*^2/4 = R_a^2 < R; e.g. 0.569 vs "
-         "R = 0.725 at kappa = 51, so R^i overestimates the gap by a factor growing like (R/R_a^2)^i. In strict bf16 the "
-         "schedule stalls 1.5 ulp above omega_1* (1.578 vs 1.569 at kappa = 51): exact Lemma 4 fails there, the "
-         "rounding-aware form holds.",
-))
 
 
 # ----------------------------------------------------------------------------- Remark 1
@@ -562,38 +531,39 @@ def _remark1(form):
     return check
 
 
-register(
-    gka(id="gka.remark1.values.printed", source="GKA App. D.1, Remark 1 (kappa = 51)",
-        statement="At kappa = 51: R ~ 0.7253, R^5 ~ 0.2, R^10 ~ 0.04, R^20 ~ 0.0016, R^30 ~ 6e-5; R_a ~ 0.7543, "
-                  "R_a^5 ~ 0.244, R_a^10 ~ 0.0597, R_a^20 ~ 0.0036, R_a^30 ~ 0.0002.",
-        quantity="mp: |exact - printed| in units of half the last printed digit (<= 1: correctly rounded).",
-        strategy=lambda: st.just(None), check=_remark1("printed"), expected=FAILS, twin="gka.remark1.values.corrected",
-        examples=(None,)),
-    gka(id="gka.remark1.values.corrected", source="GKA App. D.1, Remark 1 (corrected)",
-        statement="The same table with R^30 ~ 6.5e-5 (exact 6.547e-5; the printed 6e-5 is truncated, not rounded).",
-        quantity="mp: |exact - printed| in units of half the last printed digit.",
-        strategy=lambda: st.just(None), check=_remark1("corrected"), form=CORRECTED, twin="gka.remark1.values.printed"),
-)
+erratum(Twin("gka.remark1.values.printed", source="GKA App. D.1, Remark 1 (kappa = 51)",
+             statement="""At kappa = 51: R ~ 0.7253, R^5 ~ 0.2, R^10 ~ 0.04, R^20 ~ 0.0016, R^30 ~ 6e-5; R_a ~
+                          0.7543, R_a^5 ~ 0.244, R_a^10 ~ 0.0597, R_a^20 ~ 0.0036, R_a^30 ~ 0.0002.""",
+             quantity="""mp: |exact - printed| in units of half the last printed digit (<= 1: correctly rounded).""",
+             examples=(None,)),
+        Twin("gka.remark1.values.corrected", source="GKA App. D.1, Remark 1 (corrected)",
+             statement="""The same table with R^30 ~ 6.5e-5 (exact 6.547e-5; the printed 6e-5 is truncated, not
+                          rounded).""", quantity="""mp: |exact - printed| in units of half the last printed digit."""),
+        check=_remark1, strategy=lambda: st.just(None))
 
 
+@claim("gka.remark1.bf16_20", source="GKA App. D.1, Remark 1, last sentence", strategy=lambda: st.just(None),
+       loose=0.0014)
 def _check_remark1_20(case, impl, prec) -> Measurement:
+    """With kappa = 51 the weight schedule converges to omega_1* within bfloat16 precision in at most 20 iterations.
+
+    Measured: mp: (omega_20 - omega_1*)/omega_1* against bf16's unit roundoff 2^-8.
+
+    Note: It is within 2^-8 (relative) from iteration 9 on; Lemma 4's bound guarantees it from 14. (Computed in strict
+    bf16 the schedule stalls at 1.578 > omega_1* = 1.569.)
+    """
     with mpla.exact():
         _, w, ws = _mp_schedule(impl, mpf("1.02"), mpf("0.02"), 20)
         first = next(i for i, wi in enumerate(w) if (wi - ws) <= ws * mpf(2) ** -8)
         return Measurement(float((w[20] - ws) / ws), 2.0**-8, f"within bf16's u from iteration {first}")
 
 
-register(gka(
-    id="gka.remark1.bf16_20", source="GKA App. D.1, Remark 1, last sentence",
-    statement="With kappa = 51 the weight schedule converges to omega_1* within bfloat16 precision in at most 20 iterations.",
-    quantity="mp: (omega_20 - omega_1*)/omega_1* against bf16's unit roundoff 2^-8.",
-    strategy=lambda: st.just(None), check=_check_remark1_20, loose=0.0014,
-    note="It is within 2^-8 (relative) from iteration 9 on; Lemma 4's bound guarantees it from 14. (Computed in strict "
-         "bf16 the schedule stalls at 1.578 > omega_1* = 1.569.)",
-))
-
-
+@claim("gka.remark1.faster", source="GKA App. D.1, Remark 1", strategy=lambda: eigenvalue_bounds())
 def _check_remark1_faster(case, impl, prec) -> Measurement:
+    """The weights converge faster than the iterates: R = rho R_a < R_a.
+
+    Measured: mp: R against R_a for kappa in (1, 1e4].
+    """
     L, mu = case
     with mpla.exact():
         kappa = mpf(L) / mpf(mu)
@@ -601,18 +571,15 @@ def _check_remark1_faster(case, impl, prec) -> Measurement:
         return exact_inequality(impl["lemma4_rate_mp"](kappa), Ra, "R <= R_a")
 
 
-register(gka(
-    id="gka.remark1.faster", source="GKA App. D.1, Remark 1",
-    statement="The weights converge faster than the iterates: R = rho R_a < R_a.",
-    quantity="mp: R against R_a for kappa in (1, 1e4].",
-    strategy=lambda: eigenvalue_bounds(), check=_check_remark1_faster,
-))
-
-
 # ----------------------------------------------------------------------------- Remark 2 (range of b_i)
 
 
+@claim("gka.remark2.b_range", source="GKA App. E.1, Remark 2", strategy=_schedule_cases)
 def _check_remark2_range(case, impl, prec) -> Measurement:
+    """The divisor of eq. (49) satisfies 1 >= -b_i = omega_i - 1 >= omega_1* - 1 (by Lemma 3).
+
+    Measured: mp: max_i (omega_i - 1) against 1 and min_i against omega_1* - 1.
+    """
     (L, mu), r = case
     with mpla.exact():
         _, w, ws = _mp_schedule(impl, L, mu, max(r, 1))
@@ -621,27 +588,28 @@ def _check_remark2_range(case, impl, prec) -> Measurement:
                       exact_inequality(ws - 1, min(neg_b), "-b_i >= omega_1* - 1")])
 
 
+@claim("gka.remark2.quarter", source="GKA App. E.1, Remark 2", strategy=lambda: _schedule_cases(min_kappa=10.0),
+       loose=0.926)
 def _check_remark2_quarter(case, impl, prec) -> Measurement:
+    """For kappa >= 10, -b_i = omega_i - 1 lies in [0.25, 1].
+
+    Measured: mp: 0.25 against min_i (omega_i - 1) for kappa in [10, 1e4].
+
+    Note: Worst at kappa = 10: omega_1* - 1 = R_a^2 = 0.2699, so the constant 0.25 is loose by 1.08x.
+    """
     (L, mu), r = case
     with mpla.exact():
         w = impl["weights_mp"](mpf(L), mpf(mu), max(r, 1))
         return exact_inequality(mpf("0.25"), min(wi - 1 for wi in w[1:]), "-b_i >= 0.25")
 
 
-register(
-    gka(id="gka.remark2.b_range", source="GKA App. E.1, Remark 2",
-        statement="The divisor of eq. (49) satisfies 1 >= -b_i = omega_i - 1 >= omega_1* - 1 (by Lemma 3).",
-        quantity="mp: max_i (omega_i - 1) against 1 and min_i against omega_1* - 1.",
-        strategy=_schedule_cases, check=_check_remark2_range),
-    gka(id="gka.remark2.quarter", source="GKA App. E.1, Remark 2",
-        statement="For kappa >= 10, -b_i = omega_i - 1 lies in [0.25, 1].",
-        quantity="mp: 0.25 against min_i (omega_i - 1) for kappa in [10, 1e4].",
-        strategy=lambda: _schedule_cases(min_kappa=10.0), check=_check_remark2_quarter, loose=0.926,
-        note="Worst at kappa = 10: omega_1* - 1 = R_a^2 = 0.2699, so the constant 0.25 is loose by 1.08x."),
-)
-
-
+@claim("gka.remark2.omega_star_increasing", source="GKA App. E.1, Remark 2",
+       strategy=lambda: st.tuples(eigenvalue_bounds(), eigenvalue_bounds()))
 def _check_omega_star_increasing(case, impl, prec) -> Measurement:
+    """omega_1* is an increasing function of rho, hence of kappa.
+
+    Measured: mp: omega_1*(rho_lo) <= omega_1*(rho_hi) for random pairs.
+    """
     (L1, mu1), (L2, mu2) = case
     with mpla.exact():
         r1 = ((mpf(L1) - mpf(mu1)) / (mpf(L1) + mpf(mu1))) ** 2
@@ -652,27 +620,21 @@ def _check_omega_star_increasing(case, impl, prec) -> Measurement:
         return exact_inequality(impl["omega_star_mp"](lo), impl["omega_star_mp"](hi), "omega_1*(rho) increasing")
 
 
-register(gka(
-    id="gka.remark2.omega_star_increasing", source="GKA App. E.1, Remark 2",
-    statement="omega_1* is an increasing function of rho, hence of kappa.",
-    quantity="mp: omega_1*(rho_lo) <= omega_1*(rho_hi) for random pairs.",
-    strategy=lambda: st.tuples(eigenvalue_bounds(), eigenvalue_bounds()), check=_check_omega_star_increasing,
-))
+not_checkable("gka.remark1.first_order_limit", paper="gka", source="GKA App. D.1, Remark 1", text="""
+    First-order methods converge at most at rate R_a.
 
+    Why: A lower bound over all first-order methods (Nesterov's theorem); no finite computation checks it.""")
+not_checkable("gka.remark2.cg_divisor", paper="gka", source="GKA App. E.1, Remark 2 / Fig. 5b", text="""
+    Reversing CG divides by quantities as small as 1e-3 or as large as 1e10.
 
-register_uncheckable(
-    Uncheckable("gka.remark1.first_order_limit", "gka", "GKA App. D.1, Remark 1",
-                "First-order methods converge at most at rate R_a.",
-                "A lower bound over all first-order methods (Nesterov's theorem); no finite computation checks it."),
-    Uncheckable("gka.remark2.cg_divisor", "gka", "GKA App. E.1, Remark 2 / Fig. 5b",
-                "Reversing CG divides by quantities as small as 1e-3 or as large as 1e10.",
-                "An empirical figure of the authors' runs; the figures module reproduces our own version "
-                "(analysis/figures/cg_reversal.py), not theirs."),
-    Uncheckable("gka.fig1", "gka", "GKA Sec. 4.2.3, Fig. 1",
-                "CG converges fastest in a few iterations, CH reaches CG's accuracy at iteration 10 and attains the smallest "
-                "error; CH's gradients match the exact solver to 1e-6.",
-                "Empirical on the authors' 5-layer LLaMA; regenerated at small scale by analysis/figures/gka_fig1a.py."),
-    Uncheckable("gka.experiments", "gka", "GKA Secs. 5-6, App. F-N",
-                "Benchmark results (MQAR, LM-Harness, RULER/HELMET, ImageNet, throughput).",
-                "Training runs; table arithmetic is checked in gka reported-number claims."),
-)
+    Why: An empirical figure of the authors' runs; the figures module reproduces our own version
+    (analysis/figures/cg_reversal.py), not theirs.""")
+not_checkable("gka.fig1", paper="gka", source="GKA Sec. 4.2.3, Fig. 1", text="""
+    CG converges fastest in a few iterations, CH reaches CG's accuracy at iteration 10 and attains the smallest
+    error; CH's gradients match the exact solver to 1e-6.
+
+    Why: Empirical on the authors' 5-layer LLaMA; regenerated at small scale by analysis/figures/gka_fig1a.py.""")
+not_checkable("gka.experiments", paper="gka", source="GKA Secs. 5-6, App. F-N", text="""
+    Benchmark results (MQAR, LM-Harness, RULER/HELMET, ImageNet, throughput).
+
+    Why: Training runs; table arithmetic is checked in gka reported-number claims.""")

@@ -20,8 +20,8 @@ from analysis.strategies.bf16 import bf16_vectors
 from analysis.strategies.ridge import GKASequence, GKASystem, eigenvalue_bounds, gka_sequences, gka_systems
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, EXTENSION, FAILS, HOLDS, MP, Claim, Measurement
-from ..registry import register
+from ..claim import ALL_PRECISIONS, EXTENSION, FAILS, MP, Measurement
+from ..declare import Twin, for_paper
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, module, mp_matrix_tensor, mp_vector_tensor, mpf, rel64,
                       worst)
 from .gka import mp_chebyshev, mp_omega_star, mp_ridge, mp_states, mp_weights
@@ -146,9 +146,7 @@ def _impl_grad():
     return impl
 
 
-def gka(**kw) -> Claim:
-    kw.setdefault("implementation", _impl_grad)
-    return Claim(paper="gka", **kw)
+claim, erratum = for_paper("gka", implementation=_impl_grad)
 
 
 _SEQ = lambda: gka_sequences(min_T=1, max_T=3, max_dim=2)  # noqa: E731
@@ -184,35 +182,33 @@ def _lemma1(w_sign, product, torch_fn):
     return check
 
 
-register(
-    gka(id="gka.lemma1", source="GKA Sec. 4.2.2, Lemma 1, eq. (7)",
-        statement="dk_i = sum_{t>=i} M_{i,t} (-dq_t x_t^T - x_t dq_t^T - w_t H_t) k_i with w_t = 2a x_t^T dq_t / ||H_t||_F, "
-                  "for lambda_t = a ||H_t||_F and L = sum_t <g_t, x_t>.",
-        quantity="mp: eq. (7) against mpmath.diff of the loss w.r.t. every key, held to 1e-30. float64: "
-                 "solvers.gka_grad.lemma1_dk against the same, error / sum of term norms <= allowance.",
-        strategy=_SEQ, check=_lemma1(-1, "(CH)", "lemma1"), precisions=(MP, "float64")),
-    gka(id="gka.eq15.printed", source="GKA App. D.2, eq. (15)",
-        statement="dk_i = sum_{t>=i} (zeta_t/zeta_i)(-dq_t x_t^T - x_t dq_t^T + w_t H_t) k_i ('which proves Lemma 1').",
-        quantity="mp: eq. (15) against mpmath.diff of the loss; float64: lemma1_dk(w_sign=+1).",
-        strategy=_SEQ, check=_lemma1(+1, "(CH)", "lemma1"), precisions=(MP, "float64"), expected=FAILS,
-        twin="gka.eq15.corrected", examples=(_SEQ_EXAMPLE,)),
-    gka(id="gka.eq15.corrected", source="GKA App. D.2, eq. (15) (corrected)",
-        statement="Eq. (15) with -w_t H_t, as in (7): (dH_t + dH_t^T) with dH_t of eq. (13) carries -2 a (x^T dq) H_t/||H_t||_F.",
-        quantity="as gka.lemma1", strategy=_SEQ, check=_lemma1(-1, "(CH)", "lemma1"), precisions=(MP, "float64"),
-        form=CORRECTED, twin="gka.eq15.printed"),
-    gka(id="gka.eq40.printed", source="GKA App. D.2.1, eqs. (32)-(41)",
-        statement="dL/dk_l = -sum_{t>=l} (prod_{i=l}^{t-1} gamma_i)[<k_l,x_t> dq_t + <k_l,dq_t> x_t + 2a<x_t,dq_t>/||H_t||_F H_t k_l].",
-        quantity="mp: eq. (40) against mpmath.diff of the loss for the recurrence (CH); float64: appendix40_dk(product='printed').",
-        strategy=_SEQ, check=_lemma1(-1, "printed (40)", "appendix40"), precisions=(MP, "float64"), expected=FAILS,
-        twin="gka.eq40.corrected", examples=(_SEQ_EXAMPLE,),
-        note="(32) unrolls H_t = gamma_{t-1} H_{t-1} + k_t k_t^T; with (CH)'s H_t = gamma_t H_{t-1} + k_t k_t^T the "
-             "product is off by one token. They agree when all gates are equal."),
-    gka(id="gka.eq40.corrected", source="GKA App. D.2.1, eqs. (40)-(41) (corrected)",
-        statement="Eq. (40) with the decay prod_{i=l+1}^{t} gamma_i = M_{l,t} of (CH).",
-        quantity="as gka.eq40.printed with product='corrected'",
-        strategy=_SEQ, check=_lemma1(-1, "(CH)", "appendix40"), precisions=(MP, "float64"), form=CORRECTED,
-        twin="gka.eq40.printed"),
-)
+claim("gka.lemma1",
+      statement="""dk_i = sum_{t>=i} M_{i,t} (-dq_t x_t^T - x_t dq_t^T - w_t H_t) k_i with w_t = 2a x_t^T dq_t /
+                   ||H_t||_F, for lambda_t = a ||H_t||_F and L = sum_t <g_t, x_t>.""",
+      source="GKA Sec. 4.2.2, Lemma 1, eq. (7)",
+      quantity="""mp: eq. (7) against mpmath.diff of the loss w.r.t. every key, held to 1e-30. float64:
+                  solvers.gka_grad.lemma1_dk against the same, error / sum of term norms <= allowance.""",
+      strategy=_SEQ, precisions=(MP, "float64"))(_lemma1(-1, "(CH)", "lemma1"))
+erratum(Twin("gka.eq15.printed", source="GKA App. D.2, eq. (15)",
+             statement="""dk_i = sum_{t>=i} (zeta_t/zeta_i)(-dq_t x_t^T - x_t dq_t^T + w_t H_t) k_i ('which proves
+                          Lemma 1').""", check=_lemma1(+1, "(CH)", "lemma1"),
+             quantity="""mp: eq. (15) against mpmath.diff of the loss; float64: lemma1_dk(w_sign=+1).""",
+             examples=(_SEQ_EXAMPLE,)),
+        Twin("gka.eq15.corrected", source="GKA App. D.2, eq. (15) (corrected)",
+             statement="""Eq. (15) with -w_t H_t, as in (7): (dH_t + dH_t^T) with dH_t of eq. (13) carries -2 a (x^T
+                          dq) H_t/||H_t||_F.""", check=_lemma1(-1, "(CH)", "lemma1"), quantity="""as gka.lemma1"""),
+        strategy=_SEQ, precisions=(MP, "float64"))
+erratum(Twin("gka.eq40.printed", source="GKA App. D.2.1, eqs. (32)-(41)",
+             statement="""dL/dk_l = -sum_{t>=l} (prod_{i=l}^{t-1} gamma_i)[<k_l,x_t> dq_t + <k_l,dq_t> x_t +
+                          2a<x_t,dq_t>/||H_t||_F H_t k_l].""", check=_lemma1(-1, "printed (40)", "appendix40"),
+             quantity="""mp: eq. (40) against mpmath.diff of the loss for the recurrence (CH); float64:
+                         appendix40_dk(product='printed').""", examples=(_SEQ_EXAMPLE,),
+             note="""(32) unrolls H_t = gamma_{t-1} H_{t-1} + k_t k_t^T; with (CH)'s H_t = gamma_t H_{t-1} + k_t
+                     k_t^T the product is off by one token. They agree when all gates are equal."""),
+        Twin("gka.eq40.corrected", source="GKA App. D.2.1, eqs. (40)-(41) (corrected)",
+             statement="""Eq. (40) with the decay prod_{i=l+1}^{t} gamma_i = M_{l,t} of (CH).""",
+             check=_lemma1(-1, "(CH)", "appendix40"), quantity="""as gka.eq40.printed with product='corrected'"""),
+        strategy=_SEQ, precisions=(MP, "float64"))
 
 
 # -------------------------------------------------------------- eqs. (6)/(26), (12), (13), (14)
@@ -267,23 +263,25 @@ def _eq13(sign):
 
 
 _SINGLE = lambda: gka_sequences(min_T=1, max_T=1, max_dim=3)  # noqa: E731
-register(
-    gka(id="gka.eq26", source="GKA Sec. 4.2.2 eq. (6); App. D.2.1 eqs. (25)-(26)",
-        statement="dL/dq_t = (H_t + lambda_t I)^{-1} dL/dx_t.",
-        quantity="mp: against mpmath.diff of <g, (H + lambda I)^{-1} q> w.r.t. q.",
-        strategy=_SINGLE, check=_check_eq26),
-    gka(id="gka.eq12", source="GKA App. D.2, eq. (12)",
-        statement="The gradient w.r.t. the system matrix H_t + lambda_t I is -dq_t x_t^T.",
-        quantity="mp: against mpmath.diff w.r.t. every entry of the system matrix.",
-        strategy=_SINGLE, check=_check_eq12),
-    gka(id="gka.eq13", source="GKA App. D.2, eq. (13); App. D.2.1 eqs. (28)-(31)",
-        statement="With lambda_t = a ||H_t||_F: dH_t = -dq_t x_t^T - a H_t/||H_t||_F (x_t^T dq_t) (vec form (31)).",
-        quantity="mp: against mpmath.diff w.r.t. every entry of H (lambda depending on H); float64: solvers.gka_grad.eq13_dH.",
-        strategy=_SINGLE, check=_eq13(-1), precisions=(MP, "float64")),
-)
+claim("gka.eq26", statement="""dL/dq_t = (H_t + lambda_t I)^{-1} dL/dx_t.""",
+      source="GKA Sec. 4.2.2 eq. (6); App. D.2.1 eqs. (25)-(26)",
+      quantity="""mp: against mpmath.diff of <g, (H + lambda I)^{-1} q> w.r.t. q.""", strategy=_SINGLE)(_check_eq26)
+claim("gka.eq12", statement="""The gradient w.r.t. the system matrix H_t + lambda_t I is -dq_t x_t^T.""",
+      source="GKA App. D.2, eq. (12)", quantity="""mp: against mpmath.diff w.r.t. every entry of the system matrix.""",
+      strategy=_SINGLE)(_check_eq12)
+claim("gka.eq13",
+      statement="""With lambda_t = a ||H_t||_F: dH_t = -dq_t x_t^T - a H_t/||H_t||_F (x_t^T dq_t) (vec form (31)).""",
+      source="GKA App. D.2, eq. (13); App. D.2.1 eqs. (28)-(31)",
+      quantity="""mp: against mpmath.diff w.r.t. every entry of H (lambda depending on H); float64:
+                  solvers.gka_grad.eq13_dH.""", strategy=_SINGLE, precisions=(MP, "float64"))(_eq13(-1))
 
 
+@claim("gka.eq14", source="GKA App. D.2, eq. (14)", strategy=_SEQ)
 def _check_eq14(seq, impl, prec) -> Measurement:
+    """dk_i = sum_{t>=i} (dH_t + dH_t^T) k_i zeta_t/zeta_i with dH_t of eq. (13).
+
+    Measured: mp: against mpmath.diff of the loss w.r.t. every key.
+    """
     with mpla.exact():
         lay = mp_layer(seq.keys, seq)
         truth = mp_loss_grad_keys(seq)
@@ -296,13 +294,6 @@ def _check_eq14(seq, impl, prec) -> Measurement:
                 acc += decay(seq, i, t) * ((dH + dH.T) * k)  # eq. (14)
             parts.append(exact_identity(acc, truth[i], f"dk_{i + 1}"))
         return worst(parts)
-
-
-register(gka(
-    id="gka.eq14", source="GKA App. D.2, eq. (14)",
-    statement="dk_i = sum_{t>=i} (dH_t + dH_t^T) k_i zeta_t/zeta_i with dH_t of eq. (13).",
-    quantity="mp: against mpmath.diff of the loss w.r.t. every key.", strategy=_SEQ, check=_check_eq14,
-))
 
 
 # -------------------------------------------------------- eqs. (8)-(10), Sec. 4.2.2 chunkwise terms
@@ -331,7 +322,13 @@ def _mp_B(seq: GKASequence, states, ws, i: int):
     return acc
 
 
+@claim("gka.eq8_9", source="GKA Sec. 4.2.2, eqs. (8)-(9)", strategy=_chunk_cases, implementation=_impl)
 def _check_eq8_9(seq, impl, prec) -> Measurement:
+    """A_i = sum_{t>=i} M_{i,t} dq_t x_t^T and B_i = sum_{t>=i} M_{i,t} w_t H_t satisfy A_i = gamma_{i+1} A_{i+1} + dq_i
+    x_i^T and B_i = gamma_{i+1} B_{i+1} + w_i H_i.
+
+    Measured: mp: the recursions against the sums, held to 1e-30 (arbitrary rank-one dq_t x_t^T and scalars w_t).
+    """
     with mpla.exact():
         states = mp_states(seq)
         ws = _ws(seq)
@@ -348,15 +345,6 @@ def _check_eq8_9(seq, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(gka(
-    id="gka.eq8_9", source="GKA Sec. 4.2.2, eqs. (8)-(9)",
-    statement="A_i = sum_{t>=i} M_{i,t} dq_t x_t^T and B_i = sum_{t>=i} M_{i,t} w_t H_t satisfy A_i = gamma_{i+1} A_{i+1} + dq_i x_i^T "
-              "and B_i = gamma_{i+1} B_{i+1} + w_i H_i.",
-    quantity="mp: the recursions against the sums, held to 1e-30 (arbitrary rank-one dq_t x_t^T and scalars w_t).",
-    strategy=_chunk_cases, check=_check_eq8_9, implementation=_impl,
-))
-
-
 def _chunk_parts(seq: GKASequence):
     """Chunk = tokens 1..C (C = T - 1), the last token is the future token C+1."""
     C = seq.T - 1
@@ -367,7 +355,14 @@ def _chunk_parts(seq: GKASequence):
     return C, zeta
 
 
+@claim("gka.eq10", source="GKA Sec. 4.2.2, eq. (10) and the intra-chunk expansion", strategy=_chunk_cases,
+       implementation=_impl)
 def _check_eq10(seq, impl, prec) -> Measurement:
+    """B_i = M_{i,C} gamma_{C+1} B_{C+1} + B_i^intra, and B_i^intra = b_i H_0 + sum_j (M diag(w) M^T)_{ij} k_j k_j^T
+    with b_i = sum_c M_{i,c} w_c zeta_c.
+
+    Measured: mp: both identities, held to 1e-30, for a chunk of T-1 tokens followed by one future token.
+    """
     with mpla.exact():
         states, ws = mp_states(seq), _ws(seq)
         C, zeta = _chunk_parts(seq)
@@ -386,15 +381,6 @@ def _check_eq10(seq, impl, prec) -> Measurement:
                 unrolled += mw * mpla.outer(kj, kj)
             parts.append(exact_identity(unrolled, intra, f"B_{i + 1}^intra"))
         return worst(parts)
-
-
-register(gka(
-    id="gka.eq10", source="GKA Sec. 4.2.2, eq. (10) and the intra-chunk expansion",
-    statement="B_i = M_{i,C} gamma_{C+1} B_{C+1} + B_i^intra, and B_i^intra = b_i H_0 + sum_j (M diag(w) M^T)_{ij} k_j k_j^T "
-              "with b_i = sum_c M_{i,c} w_c zeta_c.",
-    quantity="mp: both identities, held to 1e-30, for a chunk of T-1 tokens followed by one future token.",
-    strategy=_chunk_cases, check=_check_eq10, implementation=_impl,
-))
 
 
 @formed
@@ -444,18 +430,15 @@ def _impl_chunk():
 
 _INTRA_EXAMPLE = GKASequence(keys=((1.0, 0.0), (0.0, 1.0)), log_gates=(0.0, 0.0), queries=((0.0, 0.0), (0.0, 0.0)),
                              cotangents=((1.0, 0.0), (1.0, 0.0)), a=0.01, H0_keys=((1.0, 0.0),))
-register(
-    gka(id="gka.intra_chunk.printed", source="GKA Sec. 4.2.2, 'Intra-chunk computation'",
-        statement="[B_1^intra k_1, ..., B_C^intra k_C] = H_0 (diag(b_1..b_C) K_C) + K_C ((K_C^T K_C) . M_w).",
-        quantity="mp: the printed matrix expression against the columns B_i^intra k_i (inf where diag(b) K_C is undefined).",
-        strategy=_chunk_cases, check=_intra_matrix("printed"), implementation=_impl_chunk, expected=FAILS,
-        twin="gka.intra_chunk.corrected", examples=(_INTRA_EXAMPLE,)),
-    gka(id="gka.intra_chunk.corrected", source="GKA Sec. 4.2.2 (corrected)",
-        statement="[B_1^intra k_1, ..., B_C^intra k_C] = H_0 K_C diag(b) + K_C ((K_C^T K_C) . M_w).",
-        quantity="mp: against the columns B_i^intra k_i, held to 1e-30; float64: solvers.gka_chunk.chunk_intra_Bk.",
-        strategy=_chunk_cases, check=_intra_matrix("corrected"), implementation=_impl_chunk, precisions=(MP, "float64"),
-        form=CORRECTED, twin="gka.intra_chunk.printed"),
-)
+erratum(Twin("gka.intra_chunk.printed", source="GKA Sec. 4.2.2, 'Intra-chunk computation'",
+             statement="""[B_1^intra k_1, ..., B_C^intra k_C] = H_0 (diag(b_1..b_C) K_C) + K_C ((K_C^T K_C) . M_w).""",
+             quantity="""mp: the printed matrix expression against the columns B_i^intra k_i (inf where diag(b) K_C
+                         is undefined).""", precisions=(MP,), examples=(_INTRA_EXAMPLE,)),
+        Twin("gka.intra_chunk.corrected", source="GKA Sec. 4.2.2 (corrected)",
+             statement="""[B_1^intra k_1, ..., B_C^intra k_C] = H_0 K_C diag(b) + K_C ((K_C^T K_C) . M_w).""",
+             quantity="""mp: against the columns B_i^intra k_i, held to 1e-30; float64:
+                         solvers.gka_chunk.chunk_intra_Bk.""", precisions=(MP, "float64")), check=_intra_matrix,
+        strategy=_chunk_cases, implementation=_impl_chunk)
 
 
 @formed
@@ -488,20 +471,18 @@ def _cross(form):
 
 _CROSS_EXAMPLE = GKASequence(keys=((1.0,), (1.0,), (1.0,)), log_gates=(0.0, -1.0, 0.0), queries=((0.0,),) * 3,
                              cotangents=((1.0,),) * 3, a=0.01)
-register(
-    gka(id="gka.cross_chunk.printed", source="GKA Sec. 4.2.2, 'Cross-chunk computation'",
-        statement="With Bt_{C+1} = gamma_{C+1} B_{C+1} carried by Bt_1 = zeta_C Bt_{C+1} + Bt_1^intra, the cross-chunk "
-                  "contribution collected for every token i of the chunk is zeta_C Bt_{C+1} k_i.",
-        quantity="mp and float64 (solvers.gka_chunk.chunkwise_Bk(cross='printed')): B_i k_i against the definition.",
-        strategy=lambda: gka_sequences(min_T=2, max_T=4, max_dim=2), check=_cross("printed"), implementation=_impl_chunk,
-        precisions=(MP, "float64"), expected=FAILS, twin="gka.cross_chunk.corrected", examples=(_CROSS_EXAMPLE,)),
-    gka(id="gka.cross_chunk.corrected", source="GKA Sec. 4.2.2, eq. (10) (corrected)",
-        statement="Token i of the chunk collects M_{i,C} Bt_{C+1} k_i (zeta_C/zeta_i, as eq. (10) says); the recursion "
-                  "Bt_1 = zeta_C Bt_{C+1} + sum_{c=1}^{C} zeta_c w_c H_c (lower limit c = 1, not c = i) is right.",
-        quantity="mp and float64 (chunkwise_Bk(cross='corrected')): B_i k_i against the definition.",
-        strategy=lambda: gka_sequences(min_T=2, max_T=4, max_dim=2), check=_cross("corrected"), implementation=_impl_chunk,
-        precisions=(MP, "float64"), form=CORRECTED, twin="gka.cross_chunk.printed"),
-)
+erratum(Twin("gka.cross_chunk.printed", source="GKA Sec. 4.2.2, 'Cross-chunk computation'",
+             statement="""With Bt_{C+1} = gamma_{C+1} B_{C+1} carried by Bt_1 = zeta_C Bt_{C+1} + Bt_1^intra, the
+                          cross-chunk contribution collected for every token i of the chunk is zeta_C Bt_{C+1} k_i.""",
+             quantity="""mp and float64 (solvers.gka_chunk.chunkwise_Bk(cross='printed')): B_i k_i against the
+                         definition.""", examples=(_CROSS_EXAMPLE,)),
+        Twin("gka.cross_chunk.corrected", source="GKA Sec. 4.2.2, eq. (10) (corrected)",
+             statement="""Token i of the chunk collects M_{i,C} Bt_{C+1} k_i (zeta_C/zeta_i, as eq. (10) says); the
+                          recursion Bt_1 = zeta_C Bt_{C+1} + sum_{c=1}^{C} zeta_c w_c H_c (lower limit c = 1, not c = i)
+                          is right.""",
+             quantity="""mp and float64 (chunkwise_Bk(cross='corrected')): B_i k_i against the definition."""),
+        check=_cross, strategy=lambda: gka_sequences(min_T=2, max_T=4, max_dim=2), precisions=(MP, "float64"),
+        implementation=_impl_chunk)
 
 
 # ------------------------------------------------------------------- gate derivatives (16)-(24)
@@ -582,19 +563,18 @@ def _impl_gates():
 
 
 _GATES = lambda: gka_sequences(min_T=2, max_T=4, max_dim=2, with_H0=True)  # noqa: E731
-register(
-    gka(id="gka.eq16_21", source="GKA App. D.2, eqs. (16)-(21)",
-        statement="With H_c = e^{G_c} H_0 + sum_{j<=c} e^{G_c - G_j} k_j k_j^T (17), the derivatives (18)-(19) give "
-                  "dG_i = e^{G_i}<dH_i, H_0> + sum_{j<i} e^{G_i-G_j}<dH_i, k_jk_j^T> - sum_{c=i+1}^{C} e^{G_c-G_i}<dH_c, k_ik_i^T> "
-                  "- e^{G_{C+1}-G_i}<dH_{C+1}, k_ik_i^T> (21).",
-        quantity="mp: eq. (21) (and (23) for G_{C+1}) against mpmath.diff of sum_c <dH_c, H_c(G)> w.r.t. each G_i.",
-        strategy=_GATES, check=_gate_eq("(21)"), implementation=_impl_gates),
-    gka(id="gka.eq22_23", source="GKA App. D.2, eqs. (22)-(23)",
-        statement="Eq. (22) (adding and subtracting <dH_i, k_i k_i^T>) equals (21); dG_{C+1} = e^{G_{C+1}}<dH_{C+1}, H_0> "
-                  "+ sum_{j<=C} e^{G_{C+1}-G_j}<dH_{C+1}, k_jk_j^T> (23).",
-        quantity="mp: against mpmath.diff; float64: solvers.gka_grad.chunk_dG against the same.",
-        strategy=_GATES, check=_gate_eq("(22)"), implementation=_impl_gates, precisions=(MP, "float64")),
-)
+claim("gka.eq16_21",
+      statement="""With H_c = e^{G_c} H_0 + sum_{j<=c} e^{G_c - G_j} k_j k_j^T (17), the derivatives (18)-(19) give
+                   dG_i = e^{G_i}<dH_i, H_0> + sum_{j<i} e^{G_i-G_j}<dH_i, k_jk_j^T> - sum_{c=i+1}^{C} e^{G_c-G_i}<dH_c,
+                   k_ik_i^T> - e^{G_{C+1}-G_i}<dH_{C+1}, k_ik_i^T> (21).""", source="GKA App. D.2, eqs. (16)-(21)",
+      quantity="""mp: eq. (21) (and (23) for G_{C+1}) against mpmath.diff of sum_c <dH_c, H_c(G)> w.r.t. each G_i.""",
+      strategy=_GATES, implementation=_impl_gates)(_gate_eq("(21)"))
+claim("gka.eq22_23",
+      statement="""Eq. (22) (adding and subtracting <dH_i, k_i k_i^T>) equals (21); dG_{C+1} = e^{G_{C+1}}<dH_{C+1},
+                   H_0> + sum_{j<=C} e^{G_{C+1}-G_j}<dH_{C+1}, k_jk_j^T> (23).""",
+      source="GKA App. D.2, eqs. (22)-(23)",
+      quantity="""mp: against mpmath.diff; float64: solvers.gka_grad.chunk_dG against the same.""", strategy=_GATES,
+      precisions=(MP, "float64"), implementation=_impl_gates)(_gate_eq("(22)"))
 
 
 @formed
@@ -625,20 +605,17 @@ def _eq24(form):
 
 _EQ24_EXAMPLE = GKASequence(keys=((1.0,), (1.0,)), log_gates=(0.0, 0.0), queries=((0.0,), (0.0,)),
                             cotangents=((1.0,), (0.0,)), a=0.01, H0_keys=((1.0,),))
-register(
-    gka(id="gka.eq24.printed", source="GKA App. D.2, eq. (24)",
-        statement="The parts of dG_i and dG_{C+1} due to the term (1/2) w_t H_t of dH_t are (1/2)<w_i H_i, H_i> - (1/2) k_i^T B_i k_i "
-                  "and (1/2) e^{G_C}<Bt_{C+1}, H_0> + (1/2) sum_j e^{G_C-G_j} k_j^T Bt_{C+1} k_j.",
-        quantity="float64: solvers.gka_grad.eq24_printed against mpmath.diff of the loss restricted to dH_t = -(1/2) w_t H_t "
-                 "(the sign eq. (13) and the text's 'dH_t = -dq x^T - (1/2) w_t H_t' give it).",
-        strategy=_GATES, check=_eq24("printed"), implementation=_impl_gates, precisions=("float64",), expected=FAILS,
-        twin="gka.eq24.corrected", examples=(_EQ24_EXAMPLE,)),
-    gka(id="gka.eq24.corrected", source="GKA App. D.2, eq. (24) (corrected)",
-        statement="Both parts of eq. (24) with the opposite sign: the term of dH_t is -(1/2) w_t H_t.",
-        quantity="float64: solvers.gka_grad.eq24_corrected against mpmath.diff.",
-        strategy=_GATES, check=_eq24("corrected"), implementation=_impl_gates, precisions=("float64",), form=CORRECTED,
-        twin="gka.eq24.printed"),
-)
+erratum(Twin("gka.eq24.printed", source="GKA App. D.2, eq. (24)",
+             statement="""The parts of dG_i and dG_{C+1} due to the term (1/2) w_t H_t of dH_t are (1/2)<w_i H_i,
+                          H_i> - (1/2) k_i^T B_i k_i and (1/2) e^{G_C}<Bt_{C+1}, H_0> + (1/2) sum_j e^{G_C-G_j} k_j^T
+                          Bt_{C+1} k_j.""",
+             quantity="""float64: solvers.gka_grad.eq24_printed against mpmath.diff of the loss restricted to dH_t =
+                         -(1/2) w_t H_t (the sign eq. (13) and the text's 'dH_t = -dq x^T - (1/2) w_t H_t' give it).""",
+             examples=(_EQ24_EXAMPLE,)),
+        Twin("gka.eq24.corrected", source="GKA App. D.2, eq. (24) (corrected)",
+             statement="""Both parts of eq. (24) with the opposite sign: the term of dH_t is -(1/2) w_t H_t.""",
+             quantity="""float64: solvers.gka_grad.eq24_corrected against mpmath.diff."""), check=_eq24,
+        strategy=_GATES, precisions=("float64",), implementation=_impl_gates)
 
 
 # ------------------------------------------------------- Chebyshev backward: eqs. (44)-(54), Lemma 2
@@ -768,9 +745,7 @@ def _impl_ch():
             "implicit_dH_gap_bound": cb.implicit_dH_gap_bound}
 
 
-def chb(**kw) -> Claim:
-    kw.setdefault("implementation", _impl_ch)
-    return Claim(paper="gka", **kw)
+chb_claim, chb_erratum = for_paper("gka", implementation=_impl_ch)
 
 
 def _loss_grads(impl, A, q, g, L, mu, r):
@@ -781,7 +756,14 @@ def _loss_grads(impl, A, q, g, L, mu, r):
     return dq, dA
 
 
+@chb_claim("gka.eq44_48", source="GKA App. E.1, eqs. (44)-(46), (48)", strategy=lambda: _ch_cases(max_r=4))
 def _check_eq44_48(case, impl, prec) -> Measurement:
+    """Algorithm 1 is the recursion (44)-(45); its exact adjoint is (46): d xi_{r-1} = A_r d xi_r, d xi_{i-2} = A_{i-1}
+    d xi_{i-1} + b_i d xi_i, with dq = sum_{i=0}^r c_i d xi_i and dH = -sum_{i>=1} c_i d xi_i xi_{i-1}^T (48).
+
+    Measured: mp: the recursion against Algorithm 1's iterates and the adjoint against mpmath.diff of <g, xi_r>, held to
+    1e-30.
+    """
     with mpla.exact():
         A, q, g, L, mu, r = _mp_problem(case)
         dq, dH, xis, w = impl["adjoint_mp"](A, q, g, L, mu, r)
@@ -796,16 +778,15 @@ def _check_eq44_48(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(chb(
-    id="gka.eq44_48", source="GKA App. E.1, eqs. (44)-(46), (48)",
-    statement="Algorithm 1 is the recursion (44)-(45); its exact adjoint is (46): d xi_{r-1} = A_r d xi_r, "
-              "d xi_{i-2} = A_{i-1} d xi_{i-1} + b_i d xi_i, with dq = sum_{i=0}^r c_i d xi_i and dH = -sum_{i>=1} c_i d xi_i xi_{i-1}^T (48).",
-    quantity="mp: the recursion against Algorithm 1's iterates and the adjoint against mpmath.diff of <g, xi_r>, held to 1e-30.",
-    strategy=lambda: _ch_cases(max_r=4), check=_check_eq44_48,
-))
-
-
+@chb_claim("gka.eq47", source="GKA App. E.1, eq. (47)",
+           strategy=lambda: st.tuples(eigenvalue_bounds(), st.integers(0, 30)))
 def _check_eq47(case, impl, prec) -> Measurement:
+    """nu_{i-1} = (4/rho^2)(1 - 1/nu_i) from nu_r = omega_r recovers omega_{r-1}, ..., omega_0; continued past i = 0 it
+    increases to the other fixed point omega_2* = 2(1 + sqrt(1 - rho^2))/rho^2.
+
+    Measured: mp: nu_i = omega_i exactly; 60 further steps increase and stay below omega_2* (a bounded monotone sequence
+    converging to the only fixed point of the map above omega_0 = 2).
+    """
     (L, mu), r = case
     rho = (L - mu) / (L + mu)
     # the reversed map multiplies errors by 4/(rho^2 omega^2) <= 4/(rho^2 omega_1*^2) per step: carry those digits
@@ -825,17 +806,6 @@ def _check_eq47(case, impl, prec) -> Measurement:
             nu = nxt
         parts.append(exact_identity(4 / rho2 * (1 - 1 / w2), w2, "omega_2* fixed"))
         return worst(parts)
-
-
-register(chb(
-    id="gka.eq47", source="GKA App. E.1, eq. (47)",
-    statement="nu_{i-1} = (4/rho^2)(1 - 1/nu_i) from nu_r = omega_r recovers omega_{r-1}, ..., omega_0; continued past i = 0 "
-              "it increases to the other fixed point omega_2* = 2(1 + sqrt(1 - rho^2))/rho^2.",
-    quantity="mp: nu_i = omega_i exactly; 60 further steps increase and stay below omega_2* (a bounded monotone sequence "
-             "converging to the only fixed point of the map above omega_0 = 2).",
-    strategy=lambda: st.tuples(eigenvalue_bounds(), st.integers(0, 30)),
-    check=_check_eq47,
-))
 
 
 @formed
@@ -858,17 +828,13 @@ def _eq49(form):
 
 
 _CH_EXAMPLE = (GKASystem(keys=((1.0, 0.5), (0.0, 1.0)), q=(1.0, -1.0), a=0.5), 2, (1.0, 0.5))
-register(
-    chb(id="gka.eq49.printed", source="GKA App. E.1, eq. (49) (and (50) of Algorithm 2)",
-        statement="xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} + c_i q): Algorithm 1 can be run backwards.",
-        quantity="mp: the rebuilt xi_{i-2} against Algorithm 1's, held to 1e-30.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=4), check=_eq49("printed"), expected=FAILS, twin="gka.eq49.corrected",
-        examples=(_CH_EXAMPLE,)),
-    chb(id="gka.eq49.corrected", source="GKA App. E.1, eq. (49) (corrected)",
-        statement="xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} - c_i q) (solving (44) for xi_{i-2}).",
-        quantity="mp: against Algorithm 1's iterates, held to 1e-30.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=4), check=_eq49("corrected"), form=CORRECTED, twin="gka.eq49.printed"),
-)
+chb_erratum(Twin("gka.eq49.printed", source="GKA App. E.1, eq. (49) (and (50) of Algorithm 2)",
+                 statement="""xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} + c_i q): Algorithm 1 can be run backwards.""",
+                 quantity="""mp: the rebuilt xi_{i-2} against Algorithm 1's, held to 1e-30.""", examples=(_CH_EXAMPLE,)),
+            Twin("gka.eq49.corrected", source="GKA App. E.1, eq. (49) (corrected)",
+                 statement="""xi_{i-2} = (1/b_i)(xi_i - A_i xi_{i-1} - c_i q) (solving (44) for xi_{i-2}).""",
+                 quantity="""mp: against Algorithm 1's iterates, held to 1e-30."""), check=_eq49,
+            strategy=lambda: _ch_cases(min_r=1, max_r=4))
 
 
 @formed
@@ -910,36 +876,37 @@ def _alg2(flags, torch_method=None):
 
 _ALL_PRINTED = dict(eq50="printed", eq53="printed", eq54="printed")
 _ALL_CORRECTED = dict(eq50="corrected", eq53="corrected", eq54="corrected")
-register(
-    chb(id="gka.alg2.printed", source="GKA App. F, Algorithm 2 (eqs. (50)-(54))",
-        statement="Algorithm 2 returns the gradients dq, dH of Algorithm 1's output from xi_r, xi_{r-1}, omega_r alone.",
-        quantity="mp: Algorithm 2 as printed against the exact adjoint (46)-(48), held to 1e-30; float64: "
-                 "solvers.algorithm2_as_printed against it, held to the forward's allowance.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=4), check=_alg2(_ALL_PRINTED, "printed"), precisions=(MP, "float64"),
-        expected=FAILS, twin="gka.alg2.corrected", examples=(_CH_EXAMPLE,)),
-    chb(id="gka.alg2.corrected", source="GKA App. F, Algorithm 2 (corrected)",
-        statement="Algorithm 2 with (50) subtracting c_i q, (53) using c_0 = 2/(L+mu) for d xi_0 (not 2 nu_0/(L+mu) = 4/(L+mu)), "
-                  "and no i = 0 term in (54) returns the exact gradient.",
-        quantity="mp: against the exact adjoint, held to 1e-30; float64/float32: solvers.chebyshev_backward(method='reverse') "
-                 "against the mp adjoint of the working loop, <= allowance x A_r x Gamma_r (the amplification bounds of "
-                 "analysis.chebyshev_backward).",
-        strategy=lambda: _ch_cases(min_r=1, max_r=4), check=_alg2(dict(_ALL_CORRECTED, amplified=True), "reverse"),
-        precisions=(MP, "float64", "float32"), form=CORRECTED, twin="gka.alg2.printed"),
-    chb(id="gka.alg2.eq50.printed", source="GKA App. F, Algorithm 2, eq. (50) alone",
-        statement="Eq. (50) (the sign of c_i q) as printed, everything else corrected.",
-        quantity="mp: dq, dH against the exact adjoint.", strategy=lambda: _ch_cases(min_r=1, max_r=4),
-        check=_alg2(dict(_ALL_CORRECTED, eq50="printed")), expected=FAILS, twin="gka.alg2.corrected", examples=(_CH_EXAMPLE,)),
-    chb(id="gka.alg2.eq53.printed", source="GKA App. F, Algorithm 2, eq. (53) alone",
-        statement="Eq. (53) as printed at i = 1 (d xi_0 weighted by 2 nu_0/(L+mu) with nu_0 from (52)), everything else corrected.",
-        quantity="mp: dq against the exact adjoint.", strategy=lambda: _ch_cases(min_r=1, max_r=4),
-        check=_alg2(dict(_ALL_CORRECTED, eq53="printed")), expected=FAILS, twin="gka.alg2.corrected", examples=(_CH_EXAMPLE,),
-        note="The initialisation nu_0 <- 1 would give c_0, but (52) overwrites nu_0 = omega_0 = 2 at i = 1 before (53) uses it."),
-    chb(id="gka.alg2.eq54", source="GKA App. F, Algorithm 2, eq. (54) alone",
-        statement="Eq. (54)'s i = 1 step adds -2 nu_0/(L+mu) d xi_0 xi_{-1}^T; with (50) corrected the rebuilt xi_{-1} is 0, "
-                  "so the term vanishes and (54) is right in exact arithmetic.",
-        quantity="mp: dH with (54) as printed (others corrected) against the exact adjoint.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=4), check=_alg2(dict(_ALL_CORRECTED, eq54="printed"))),
-)
+chb_erratum(Twin("gka.alg2.printed", source="GKA App. F, Algorithm 2 (eqs. (50)-(54))",
+                 statement="""Algorithm 2 returns the gradients dq, dH of Algorithm 1's output from xi_r, xi_{r-1},
+                              omega_r alone.""", check=_alg2(_ALL_PRINTED, "printed"),
+                 quantity="""mp: Algorithm 2 as printed against the exact adjoint (46)-(48), held to 1e-30; float64:
+                             solvers.algorithm2_as_printed against it, held to the forward's allowance.""",
+                 precisions=(MP, "float64"), examples=(_CH_EXAMPLE,)),
+            Twin("gka.alg2.corrected", source="GKA App. F, Algorithm 2 (corrected)",
+                 statement="""Algorithm 2 with (50) subtracting c_i q, (53) using c_0 = 2/(L+mu) for d xi_0 (not 2
+                              nu_0/(L+mu) = 4/(L+mu)), and no i = 0 term in (54) returns the exact gradient.""",
+                 check=_alg2(dict(_ALL_CORRECTED, amplified=True), "reverse"),
+                 quantity="""mp: against the exact adjoint, held to 1e-30; float64/float32:
+                             solvers.chebyshev_backward(method='reverse') against the mp adjoint of the working loop, <=
+                             allowance x A_r x Gamma_r (the amplification bounds of analysis.chebyshev_backward).""",
+                 precisions=(MP, "float64", "float32")), strategy=lambda: _ch_cases(min_r=1, max_r=4))
+chb_claim("gka.alg2.eq50.printed", statement="""Eq. (50) (the sign of c_i q) as printed, everything else corrected.""",
+          source="GKA App. F, Algorithm 2, eq. (50) alone", quantity="""mp: dq, dH against the exact adjoint.""",
+          strategy=lambda: _ch_cases(min_r=1, max_r=4), expected=FAILS, twin="gka.alg2.corrected",
+          examples=(_CH_EXAMPLE,))(_alg2(dict(_ALL_CORRECTED, eq50="printed")))
+chb_claim("gka.alg2.eq53.printed",
+          statement="""Eq. (53) as printed at i = 1 (d xi_0 weighted by 2 nu_0/(L+mu) with nu_0 from (52)),
+                       everything else corrected.""", source="GKA App. F, Algorithm 2, eq. (53) alone",
+          quantity="""mp: dq against the exact adjoint.""", strategy=lambda: _ch_cases(min_r=1, max_r=4),
+          expected=FAILS, twin="gka.alg2.corrected", examples=(_CH_EXAMPLE,),
+          note="""The initialisation nu_0 <- 1 would give c_0, but (52) overwrites nu_0 = omega_0 = 2 at i = 1 before
+                  (53) uses it.""")(_alg2(dict(_ALL_CORRECTED, eq53="printed")))
+chb_claim("gka.alg2.eq54",
+          statement="""Eq. (54)'s i = 1 step adds -2 nu_0/(L+mu) d xi_0 xi_{-1}^T; with (50) corrected the rebuilt
+                       xi_{-1} is 0, so the term vanishes and (54) is right in exact arithmetic.""",
+          source="GKA App. F, Algorithm 2, eq. (54) alone",
+          quantity="""mp: dH with (54) as printed (others corrected) against the exact adjoint.""",
+          strategy=lambda: _ch_cases(min_r=1, max_r=4))(_alg2(dict(_ALL_CORRECTED, eq54="printed")))
 
 
 def _stability_cases():
@@ -950,26 +917,33 @@ def _stability_cases():
 _STAB_EXAMPLES = ((GKASystem(keys=((1.0, 0.0),), q=(1.0, 1.0), a=0.1), 30, (1.0, -1.0)),  # rank one: kappa = 11
                   (GKASystem(keys=((1.0, 0.0, 0.0), (0.0, 0.5, 0.0), (0.0, 0.0, 0.25)), q=(1.0, 1.0, 1.0), a=0.02), 30,
                    (1.0, -1.0, 0.5)))
-register(
-    chb(id="gka.remark2.stability.printed", source="GKA App. E.1, Remark 2",
-        statement="Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for kappa >= 10): "
-                  "the reverse-mode gradient is as accurate as the forward solve.",
-        quantity="solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp adjoint of the working loop, "
-                 "held to the forward's rounding allowance c kappa (D u_acc + u_store).",
-        strategy=_stability_cases, check=_alg2({}, "reverse"), precisions=("float64", "float32", "bfloat16/storage"),
-        expected=FAILS, twin="gka.remark2.stability.corrected", examples=_STAB_EXAMPLES,
-        note="The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the reversed schedule "
-             "(47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running the recurrence backwards is not."),
-    chb(id="gka.remark2.stability.corrected", source="GKA App. E.1, Remark 2 (corrected)",
-        statement="The reverse-mode gradient's rounding error is the forward allowance amplified by A_r = prod (omega_i - 1)^(-1/2) "
-                  "~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered weights).",
-        quantity="as the printed form, held to allowance x A_r x Gamma_r.",
-        strategy=_stability_cases, check=_alg2({"amplified": True}, "reverse"),
-        precisions=("float64", "float32", "bfloat16/storage"), form=CORRECTED, twin="gka.remark2.stability.printed", loose=2.5e-7),
-)
+chb_erratum(Twin("gka.remark2.stability.printed", source="GKA App. E.1, Remark 2",
+                 statement="""Reversing the Chebyshev iteration by (49) 'can be done stably' (b_i is in [0.25, 1] for
+                              kappa >= 10): the reverse-mode gradient is as accurate as the forward solve.""",
+                 check=_alg2({}, "reverse"),
+                 quantity="""solvers.chebyshev_backward(method='reverse') (corrected Algorithm 2) against the mp
+                             adjoint of the working loop, held to the forward's rounding allowance c kappa (D u_acc +
+                             u_store).""", examples=_STAB_EXAMPLES,
+                 note="""The reversed recurrence multiplies errors by (omega_i - 1)^(-1/2) -> R_a^-1 per step and the
+                         reversed schedule (47) by ~R_a^-2 (omega_1* repels it): dividing by b_i is harmless, running
+                         the recurrence backwards is not."""),
+            Twin("gka.remark2.stability.corrected", source="GKA App. E.1, Remark 2 (corrected)",
+                 statement="""The reverse-mode gradient's rounding error is the forward allowance amplified by A_r =
+                              prod (omega_i - 1)^(-1/2) ~ R_a^-r (rebuilt iterates) times Gamma_r ~ R_a^-2r (recovered
+                              weights).""", check=_alg2({"amplified": True}, "reverse"),
+                 quantity="""as the printed form, held to allowance x A_r x Gamma_r.""", loose=2.5e-7),
+            strategy=_stability_cases, precisions=("float64", "float32", "bfloat16/storage"))
 
 
+@chb_claim("gka.lemma2", source="GKA Sec. 4.2.3, Lemma 2; App. E, eqs. (42)-(43)", strategy=lambda: _ch_cases(max_r=6),
+           precisions=ALL_PRECISIONS)
 def _check_lemma2(case, impl, prec) -> Measurement:
+    """For Algorithm 1 (symmetric H), the gradient of q by autograd through the loop equals the implicit one of Table 1,
+    CH(H, d xi_r, r): xi_r = p_r(H) q with p_r(H) symmetric.
+
+    Measured: mp: mpmath.diff of <g, xi_r> w.r.t. q against CH(H, g, r), held to 1e-30. Working precisions:
+    chebyshev_backward 'implicit' vs 'autograd', distance / ||dq|| <= 2 x allowance.
+    """
     s, r, gv = case
     if prec == MP:
         with mpla.exact():
@@ -995,17 +969,6 @@ def _check_lemma2(case, impl, prec) -> Measurement:
     n = float(torch.linalg.vector_norm(mp_vector_tensor(dq_t)))
     # each of the two is within the forward allowance of the exact (mp) value: their distance within twice it
     return Measurement(d / n if n > 0 else d, 2 * allowance(kappa, s.D, prec), f"r={r}, implicit vs autograd")
-
-
-register(chb(
-    id="gka.lemma2", source="GKA Sec. 4.2.3, Lemma 2; App. E, eqs. (42)-(43)",
-    statement="For Algorithm 1 (symmetric H), the gradient of q by autograd through the loop equals the implicit one of "
-              "Table 1, CH(H, d xi_r, r): xi_r = p_r(H) q with p_r(H) symmetric.",
-    quantity="mp: mpmath.diff of <g, xi_r> w.r.t. q against CH(H, g, r), held to 1e-30. Working precisions: "
-             "chebyshev_backward 'implicit' vs 'autograd', distance / ||dq|| <= 2 x allowance.",
-    strategy=lambda: _ch_cases(max_r=6), check=_check_lemma2,
-    precisions=ALL_PRECISIONS,
-))
 
 
 @formed
@@ -1053,27 +1016,29 @@ def _cg_cases():
 
 
 _CG_EXAMPLE = (GKASystem(keys=((1.0, 0.0), (0.0, 2.0)), q=(1.0, 1.0), a=0.5), 1, (1.0, 0.0))
-register(
-    chb(id="gka.lemma2.dH", source="GKA Lemma 2 / Table 1, extended to dH (question, not claimed)",
-        statement="Does Lemma 2 extend to dH: is the implicit -dq x^T (x = xi_r) the gradient of the truncated loop?",
-        quantity="mp: -CH(H,g,r) xi_r^T against mpmath.diff of <g, xi_r> w.r.t. H, held to 1e-30.",
-        strategy=lambda: _ch_cases(max_r=4), check=_lemma2_dH("equal"), form=EXTENSION, expected=FAILS,
-        examples=(_CH_EXAMPLE,), note="It does not: it is the exact solve's dH evaluated at xi_r."),
-    chb(id="gka.lemma2.dH_gap", source="GKA Lemma 2 / Table 1, extended to dH (our bound)",
-        statement="The implicit dH differs from the truncated loop's by at most eps_r (2 (r+1)^2 kappa/(kappa-1) + 1 + eps_r) "
-                  "relative to ||H^{-1} g|| ||H^{-1} q||, eps_r = 1/T_{r+1}(1/rho) (analysis.chebyshev_backward.implicit_dH_gap_bound).",
-        quantity="mp: ||dH_impl - dH_loop||_F / ||dH*||_F against the bound.",
-        strategy=lambda: _ch_cases(max_r=6), check=_lemma2_dH("gap"), form=EXTENSION),
-    chb(id="gka.lemma2.cg", source="GKA Lemma 2 / Table 1, extended to CG (question, not claimed)",
-        statement="Does Lemma 2 hold for CG: is CG(H, g, r) the gradient of <g, CG(H, q, r)> w.r.t. q?",
-        quantity="mp: against mpmath.diff through the CG recurrence, r < D, held to 1e-30.",
-        strategy=_cg_cases, check=_lemma2_cg("short"), form=EXTENSION, expected=FAILS, examples=(_CG_EXAMPLE,),
-        note="CG's coefficients depend on q (CG is not linear in q), so no."),
-    chb(id="gka.lemma2.cg_full", source="GKA Lemma 2 / Table 1, extended to CG (our statement)",
-        statement="With r >= D steps CG is the exact solve in exact arithmetic, and then its implicit gradient is exact.",
-        quantity="mp: CG(H, g, D) against mpmath.diff of <g, CG(H, q, D)>.",
-        strategy=_cg_cases, check=_lemma2_cg("full"), form=EXTENSION),
-)
+chb_claim("gka.lemma2.dH",
+          statement="""Does Lemma 2 extend to dH: is the implicit -dq x^T (x = xi_r) the gradient of the truncated
+                       loop?""", source="GKA Lemma 2 / Table 1, extended to dH (question, not claimed)",
+          quantity="""mp: -CH(H,g,r) xi_r^T against mpmath.diff of <g, xi_r> w.r.t. H, held to 1e-30.""",
+          strategy=lambda: _ch_cases(max_r=4), expected=FAILS, form=EXTENSION, examples=(_CH_EXAMPLE,),
+          note="""It does not: it is the exact solve's dH evaluated at xi_r.""")(_lemma2_dH("equal"))
+chb_claim("gka.lemma2.dH_gap",
+          statement="""The implicit dH differs from the truncated loop's by at most eps_r (2 (r+1)^2 kappa/(kappa-1)
+                       + 1 + eps_r) relative to ||H^{-1} g|| ||H^{-1} q||, eps_r = 1/T_{r+1}(1/rho)
+                       (analysis.chebyshev_backward.implicit_dH_gap_bound).""",
+          source="GKA Lemma 2 / Table 1, extended to dH (our bound)",
+          quantity="""mp: ||dH_impl - dH_loop||_F / ||dH*||_F against the bound.""",
+          strategy=lambda: _ch_cases(max_r=6), form=EXTENSION)(_lemma2_dH("gap"))
+chb_claim("gka.lemma2.cg",
+          statement="""Does Lemma 2 hold for CG: is CG(H, g, r) the gradient of <g, CG(H, q, r)> w.r.t. q?""",
+          source="GKA Lemma 2 / Table 1, extended to CG (question, not claimed)",
+          quantity="""mp: against mpmath.diff through the CG recurrence, r < D, held to 1e-30.""", strategy=_cg_cases,
+          expected=FAILS, form=EXTENSION, examples=(_CG_EXAMPLE,),
+          note="""CG's coefficients depend on q (CG is not linear in q), so no.""")(_lemma2_cg("short"))
+chb_claim("gka.lemma2.cg_full",
+          statement="""With r >= D steps CG is the exact solve in exact arithmetic, and then its implicit gradient is
+                       exact.""", source="GKA Lemma 2 / Table 1, extended to CG (our statement)",
+          quantity="""mp: CG(H, g, D) against mpmath.diff of <g, CG(H, q, D)>.""", strategy=_cg_cases, form=EXTENSION)(_lemma2_cg("full"))
 
 
 @formed
@@ -1099,17 +1064,14 @@ def _alg2_inputs(form):
     return check
 
 
-register(
-    chb(id="gka.alg2.inputs.printed", source="GKA App. F, Algorithm 2, line 1 (Input)",
-        statement="Algorithm 2 computes dq, dH from its listed inputs H, d xi_r, L, mu, r and the final weight omega_r.",
-        quantity="mp: two problems equal in every listed input with q' = 2q (and the forward iterates they give): relative "
-                 "change of dH, held to 1e-30.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=3), check=_alg2_inputs("printed"), expected=FAILS,
-        twin="gka.alg2.inputs.corrected", examples=(_CH_EXAMPLE,),
-        note="The body reads q in (50) and xi_r, xi_{r-1} in the initialisation and at i = r; the input line has an empty slot."),
-    chb(id="gka.alg2.inputs.corrected", source="GKA App. F, Algorithm 2, line 1 (corrected)",
-        statement="Inputs: H, q, d xi_r, L, mu, r, omega_r and the forward's xi_r, xi_{r-1}; dH does depend on q.",
-        quantity="mp: value 1 if dH does not change with q, held to 0.",
-        strategy=lambda: _ch_cases(min_r=1, max_r=3), check=_alg2_inputs("corrected"), form=CORRECTED,
-        twin="gka.alg2.inputs.printed"),
-)
+chb_erratum(Twin("gka.alg2.inputs.printed", source="GKA App. F, Algorithm 2, line 1 (Input)",
+                 statement="""Algorithm 2 computes dq, dH from its listed inputs H, d xi_r, L, mu, r and the final
+                              weight omega_r.""",
+                 quantity="""mp: two problems equal in every listed input with q' = 2q (and the forward iterates they
+                             give): relative change of dH, held to 1e-30.""", examples=(_CH_EXAMPLE,),
+                 note="""The body reads q in (50) and xi_r, xi_{r-1} in the initialisation and at i = r; the input
+                         line has an empty slot."""),
+            Twin("gka.alg2.inputs.corrected", source="GKA App. F, Algorithm 2, line 1 (corrected)",
+                 statement="""Inputs: H, q, d xi_r, L, mu, r, omega_r and the forward's xi_r, xi_{r-1}; dH does
+                              depend on q.""", quantity="""mp: value 1 if dH does not change with q, held to 0."""),
+            check=_alg2_inputs, strategy=lambda: _ch_cases(min_r=1, max_r=3))

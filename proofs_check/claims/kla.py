@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from analysis.strategies.bf16 import bf16_floats, bf16_matrices, bf16_vectors
 
 from .. import mpla
-from ..claim import ALL_PRECISIONS, CORRECTED, FAILS, MP, WORKING, Claim, Measurement, Uncheckable
-from ..registry import register, register_uncheckable
+from ..claim import ALL_PRECISIONS, MP, WORKING, Measurement
+from ..declare import Twin, for_paper, not_checkable
 from ._common import (F64, allowance, arith, attr, exact_identity, exact_inequality, formed, mp_matrix_tensor, mpf, rel64,
                       worst)
 
@@ -98,9 +98,7 @@ def _impl_solvers():
     return impl
 
 
-def kla(**kw) -> Claim:
-    kw.setdefault("implementation", _impl)
-    return Claim(paper="kla", **kw)
+claim, erratum = for_paper("kla", implementation=_impl)
 
 
 def _mp_token(case):
@@ -122,7 +120,14 @@ def _one_token_torch(case, impl, prec, alpha=1.0):
     return S_t[0].to(F64), S, k, v
 
 
+@claim("kla.thm1.constraint", source="KLA Sec. 3.2, Theorem 1; eqs. (2), (11)",
+       strategy=lambda: _token_cases(unrelaxed=True), precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_constraint(case, impl, prec) -> Measurement:
+    """With eta = 1, eps = 0 the update S_t = S~ + k e^T/||k||^2 satisfies S_t^T k_t = v_t.
+
+    Measured: mp: S_t^T k - v held to 1e-30. Working precisions: solvers.kla_recurrent on one token, ||S_t^T k - v|| /
+    (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).
+    """
     if prec == MP:
         with mpla.exact():
             S, k, v = _mp_token(case)
@@ -136,7 +141,15 @@ def _check_constraint(case, impl, prec) -> Measurement:
     return Measurement(res / scale if scale > 0 else res, allowance(1.0, len(case["k"]) + 2, prec), "||S_t^T k - v|| / scale")
 
 
+@claim("kla.thm1.projection", source="KLA Theorem 1 (i), Remarks 1-2, eq. (12)",
+       strategy=lambda: _token_cases(unrelaxed=True))
 def _check_projection(case, impl, prec) -> Measurement:
+    """The unrelaxed update is the orthogonal projection of S~ onto A_t = {S : S^T k = v}: S_t - S~ is orthogonal to
+    every H with H^T k = 0, and every other element of A_t is farther from S~.
+
+    Measured: mp: |<Delta, (I - kk^T/||k||^2) E_ij>| for every unit E_ij, and ||S_t - S~|| against ||S' - S~|| for S' =
+    S_t + (I - kk^T/||k||^2) E_ij.
+    """
     with mpla.exact():
         S, k, v = _mp_token(case)
         St = impl["kla_step_mp"](S, k, v, 1, 0)
@@ -162,7 +175,14 @@ def _check_projection(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
+@claim("kla.thm1.line_search", source="KLA Theorem 1 (ii), eqs. (4), (10)",
+       strategy=lambda: _token_cases(unrelaxed=True))
 def _check_line_search(case, impl, prec) -> Measurement:
+    """Along S(tau) = S~ + tau k e^T, L_t(S(tau)) = (1/2)(1 - tau ||k||^2)^2 ||e||^2, minimised at tau* = 1/||k||^2 =
+    beta_t.
+
+    Measured: mp: eq. (4) at four taus, beta = 1/||k||^2, and dL/dtau = 0 at beta (mpmath.diff).
+    """
     with mpla.exact():
         S, k, v = _mp_token(case)
         e = v - S.T * k
@@ -183,7 +203,12 @@ def _check_line_search(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
+@claim("kla.thm1.normalized_sgd", source="KLA Theorem 1 (iii), App. A.1", strategy=lambda: _token_cases(unrelaxed=True))
 def _check_normalized_sgd(case, impl, prec) -> Measurement:
+    """grad L_t(S~) = -k e^T and S_t = S~ - grad L_t(S~) / ||k||^2: a normalised gradient step.
+
+    Measured: mp: both identities, the gradient by mpmath.diff of L_t.
+    """
     with mpla.exact():
         S, k, v = _mp_token(case)
 
@@ -197,45 +222,18 @@ def _check_normalized_sgd(case, impl, prec) -> Measurement:
                       exact_identity(grad, -mpla.outer(k, v - S.T * k), "grad = -k e^T")])
 
 
-register(
-    kla(id="kla.thm1.constraint", source="KLA Sec. 3.2, Theorem 1; eqs. (2), (11)",
-        statement="With eta = 1, eps = 0 the update S_t = S~ + k e^T/||k||^2 satisfies S_t^T k_t = v_t.",
-        quantity="mp: S_t^T k - v held to 1e-30. Working precisions: solvers.kla_recurrent on one token, "
-                 "||S_t^T k - v|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
-        strategy=lambda: _token_cases(unrelaxed=True), check=_check_constraint,
-        precisions=ALL_PRECISIONS, implementation=_impl_solvers),
-    kla(id="kla.thm1.projection", source="KLA Theorem 1 (i), Remarks 1-2, eq. (12)",
-        statement="The unrelaxed update is the orthogonal projection of S~ onto A_t = {S : S^T k = v}: S_t - S~ is orthogonal "
-                  "to every H with H^T k = 0, and every other element of A_t is farther from S~.",
-        quantity="mp: |<Delta, (I - kk^T/||k||^2) E_ij>| for every unit E_ij, and ||S_t - S~|| against ||S' - S~|| for "
-                 "S' = S_t + (I - kk^T/||k||^2) E_ij.",
-        strategy=lambda: _token_cases(unrelaxed=True), check=_check_projection),
-    kla(id="kla.thm1.line_search", source="KLA Theorem 1 (ii), eqs. (4), (10)",
-        statement="Along S(tau) = S~ + tau k e^T, L_t(S(tau)) = (1/2)(1 - tau ||k||^2)^2 ||e||^2, minimised at tau* = 1/||k||^2 = beta_t.",
-        quantity="mp: eq. (4) at four taus, beta = 1/||k||^2, and dL/dtau = 0 at beta (mpmath.diff).",
-        strategy=lambda: _token_cases(unrelaxed=True), check=_check_line_search),
-    kla(id="kla.thm1.normalized_sgd", source="KLA Theorem 1 (iii), App. A.1",
-        statement="grad L_t(S~) = -k e^T and S_t = S~ - grad L_t(S~) / ||k||^2: a normalised gradient step.",
-        quantity="mp: both identities, the gradient by mpmath.diff of L_t.",
-        strategy=lambda: _token_cases(unrelaxed=True), check=_check_normalized_sgd),
-)
-
-
+@claim("kla.lagrange", source="KLA App. A.2, eq. (13)", strategy=lambda: _token_cases(unrelaxed=True))
 def _check_lagrange(case, impl, prec) -> Measurement:
+    """The Lagrangian stationary point of eq. (1) has lambda = (S~^T k - v)/||k||^2 and gives the Kaczmarz update.
+
+    Measured: mp: S~ - k lambda^T against the update, and its constraint residual.
+    """
     with mpla.exact():
         S, k, v = _mp_token(case)
         lam = (S.T * k - v) / mpla.dot(k, k)  # eq. (13)
         Sl = S - mpla.outer(k, lam)
         return worst([exact_identity(Sl, impl["kla_step_mp"](S, k, v, 1, 0), "S~ - k lambda^T"),
                       exact_identity(Sl.T * k, v, "constraint")])
-
-
-register(kla(
-    id="kla.lagrange", source="KLA App. A.2, eq. (13)",
-    statement="The Lagrangian stationary point of eq. (1) has lambda = (S~^T k - v)/||k||^2 and gives the Kaczmarz update.",
-    quantity="mp: S~ - k lambda^T against the update, and its constraint residual.",
-    strategy=lambda: _token_cases(unrelaxed=True), check=_check_lagrange,
-))
 
 
 # ----------------------------------------------------------------------------- Propositions 1, 2
@@ -272,21 +270,18 @@ def _prop1(form):
 
 
 _PROP1_EXAMPLE = {"S": ((0.0,),), "k": (1.0,), "v": (1.0,), "eta": 1.0, "eps": 0.0}
-register(
-    kla(id="kla.prop1.printed", source="KLA Sec. 3.1, Proposition 1; App. A.3, eqs. (14)-(15)",
-        statement="For any eta in (0, 1] and eps >= 0, mu = eta/((1 - eta)||k||^2 + eps) is defined and the relaxed update (3) "
-                  "is the exact minimiser of (1/2)||S - S~||_F^2 + (mu/2)||S^T k - v||^2.",
-        quantity="mp: mu defined (inf if not), then the gradient of the proximal objective at S_t (mpmath.diff) and "
-                 "mu/(1 + mu ||k||^2) = beta.",
-        strategy=_token_cases, check=_prop1("printed"), expected=FAILS, twin="kla.prop1", examples=(_PROP1_EXAMPLE,),
-        note="At eta = 1, eps = 0 (the headline unrelaxed case, inside the stated range) mu = 1/0."),
-    kla(id="kla.prop1", source="KLA Sec. 3.1, Proposition 1 (where mu is finite)",
-        statement="For eta in (0, 1], eps >= 0 with (1 - eta)||k||^2 + eps > 0, the relaxed update (3) is the exact minimiser "
-                  "of the proximal objective (strictly convex, so the stationary point is it); at eta = 1, eps = 0 it is "
-                  "Theorem 1's constrained projection, the mu -> infinity limit.",
-        quantity="mp: the gradient of the proximal objective at S_t (mpmath.diff), and mu/(1 + mu ||k||^2) = beta.",
-        strategy=_token_cases, check=_prop1("corrected"), form=CORRECTED, twin="kla.prop1.printed"),
-)
+erratum(Twin("kla.prop1.printed", source="KLA Sec. 3.1, Proposition 1; App. A.3, eqs. (14)-(15)",
+             statement="""For any eta in (0, 1] and eps >= 0, mu = eta/((1 - eta)||k||^2 + eps) is defined and the
+                          relaxed update (3) is the exact minimiser of (1/2)||S - S~||_F^2 + (mu/2)||S^T k - v||^2.""",
+             quantity="""mp: mu defined (inf if not), then the gradient of the proximal objective at S_t
+                         (mpmath.diff) and mu/(1 + mu ||k||^2) = beta.""", examples=(_PROP1_EXAMPLE,),
+             note="""At eta = 1, eps = 0 (the headline unrelaxed case, inside the stated range) mu = 1/0."""),
+        Twin("kla.prop1", source="KLA Sec. 3.1, Proposition 1 (where mu is finite)",
+             statement="""For eta in (0, 1], eps >= 0 with (1 - eta)||k||^2 + eps > 0, the relaxed update (3) is the
+                          exact minimiser of the proximal objective (strictly convex, so the stationary point is it); at
+                          eta = 1, eps = 0 it is Theorem 1's constrained projection, the mu -> infinity limit.""",
+             quantity="""mp: the gradient of the proximal objective at S_t (mpmath.diff), and mu/(1 + mu ||k||^2) =
+                         beta."""), check=_prop1, strategy=_token_cases)
 
 
 @formed
@@ -326,22 +321,29 @@ def _edge_token_cases():
 
 
 _PROP2_EXAMPLE = {"S": ((0.0,),), "k": (0.0,), "v": (1.0,), "eta": 0.5, "eps": 2.0**-10}
-register(
-    kla(id="kla.prop2.printed", source="KLA Sec. 3.2, Proposition 2; App. A.4",
-        statement="For eta in (0, 1] and eps >= 0 the factor 1 - eta ||k||^2/(||k||^2 + eps) lies in [0, 1), so the residual "
-                  "contracts strictly: ||e_t^+|| < ||e_t||.",
-        quantity="mp: the factor against [0, 1) and ||e+|| < ||e|| (value 1 if not strict, held to 0), zero keys included.",
-        strategy=_edge_token_cases, check=_prop2_printed_range("printed"), expected=FAILS, twin="kla.prop2.range",
-        examples=(_PROP2_EXAMPLE,),
-        note="k_t = 0 with eps > 0 gives factor 1; e_t = 0 gives ||e+|| = ||e|| = 0."),
-    kla(id="kla.prop2.range", source="KLA Sec. 3.2, Proposition 2; App. A.4 (corrected range)",
-        statement="For k_t != 0 the factor lies in [0, 1) and ||e_t^+|| <= factor ||e_t|| (strict iff e_t != 0).",
-        quantity="mp: the factor's range and ||e+|| <= factor ||e||, held to 1e-30.",
-        strategy=_edge_token_cases, check=_prop2_printed_range("corrected"), form=CORRECTED, twin="kla.prop2.printed"),
-)
+erratum(Twin("kla.prop2.printed", source="KLA Sec. 3.2, Proposition 2; App. A.4",
+             statement="""For eta in (0, 1] and eps >= 0 the factor 1 - eta ||k||^2/(||k||^2 + eps) lies in [0, 1),
+                          so the residual contracts strictly: ||e_t^+|| < ||e_t||.""",
+             quantity="""mp: the factor against [0, 1) and ||e+|| < ||e|| (value 1 if not strict, held to 0), zero
+                         keys included.""", examples=(_PROP2_EXAMPLE,),
+             note="""k_t = 0 with eps > 0 gives factor 1; e_t = 0 gives ||e+|| = ||e|| = 0."""),
+        Twin("kla.prop2.range", source="KLA Sec. 3.2, Proposition 2; App. A.4 (corrected range)",
+             statement="""For k_t != 0 the factor lies in [0, 1) and ||e_t^+|| <= factor ||e_t|| (strict iff e_t !=
+                          0).""", quantity="""mp: the factor's range and ||e+|| <= factor ||e||, held to 1e-30."""),
+        check=_prop2_printed_range, strategy=_edge_token_cases)
 
 
+@claim("kla.prop2", source="KLA Sec. 3.2, Proposition 2, eq. (5); App. A.4", strategy=_token_cases,
+       precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_prop2(case, impl, prec) -> Measurement:
+    """e_t^+ = (1 - eta ||k||^2/(||k||^2 + eps)) e_t; for eta in (0, 1] the factor lies in [0, 1), so the residual
+    contracts and L_t(S_t) <= L_t(S~).
+
+    Measured: mp: eq. (5) held to 1e-30 and the factor's range, the loss decrease. Working precisions:
+    solvers.kla_recurrent, ||e+ - factor e|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).
+
+    Note: App. A.4's strict ||e+|| < ||e|| needs e != 0 (a zero residual stays zero).
+    """
     eta, eps = case["eta"], case["eps"]
     if prec == MP:
         with mpla.exact():
@@ -363,19 +365,13 @@ def _check_prop2(case, impl, prec) -> Measurement:
     return Measurement(res / scale if scale > 0 else res, allowance(1.0, len(case["k"]) + 2, prec), "e+ - factor e")
 
 
-register(kla(
-    id="kla.prop2", source="KLA Sec. 3.2, Proposition 2, eq. (5); App. A.4",
-    statement="e_t^+ = (1 - eta ||k||^2/(||k||^2 + eps)) e_t; for eta in (0, 1] the factor lies in [0, 1), so the residual "
-              "contracts and L_t(S_t) <= L_t(S~).",
-    quantity="mp: eq. (5) held to 1e-30 and the factor's range, the loss decrease. Working precisions: solvers.kla_recurrent, "
-             "||e+ - factor e|| / (||v|| + (||S~|| + ||S_t||) ||k||) <= allowance(kappa = 1, n = d_k + 2).",
-    strategy=_token_cases, check=_check_prop2, precisions=ALL_PRECISIONS,
-    implementation=_impl_solvers,
-    note="App. A.4's strict ||e+|| < ||e|| needs e != 0 (a zero residual stays zero).",
-))
-
-
+@claim("kla.sec6.exact_only_unrelaxed", source="KLA Sec. 6 (Limitations); Sec. 3.1", strategy=_token_cases)
 def _check_exact_only_unrelaxed(case, impl, prec) -> Measurement:
+    """The update meets the constraint S^T k = v (is the exact projection) only when eta = 1 and eps = 0.
+
+    Measured: mp: for (eta, eps) != (1, 0) and e != 0, ||S_t^T k - v|| > 0 (value 1 if the residual vanishes, held to
+    0).
+    """
     eta, eps = case["eta"], case["eps"]
     with mpla.exact():
         S, k, v = _mp_token(case)
@@ -388,18 +384,15 @@ def _check_exact_only_unrelaxed(case, impl, prec) -> Measurement:
         return Measurement(float(residual == 0), 0.0, f"||S_t^T k - v|| / ||e|| = {mpmath.nstr(residual, 3)} (must be > 0)")
 
 
-register(kla(
-    id="kla.sec6.exact_only_unrelaxed", source="KLA Sec. 6 (Limitations); Sec. 3.1",
-    statement="The update meets the constraint S^T k = v (is the exact projection) only when eta = 1 and eps = 0.",
-    quantity="mp: for (eta, eps) != (1, 0) and e != 0, ||S_t^T k - v|| > 0 (value 1 if the residual vanishes, held to 0).",
-    strategy=_token_cases, check=_check_exact_only_unrelaxed,
-))
-
-
 # ------------------------------------------------------ eq. (6), decay-agnostic remark, coefficient locality
 
 
+@claim("kla.eq6", source="KLA Sec. 4, eq. (6)", strategy=_sequence_cases)
 def _check_eq6(case, impl, prec) -> Measurement:
+    """With R_t = S_t^T: R_t = alpha_t R_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T, the GDN recurrence.
+
+    Measured: mp: eq. (6) against the transposed tokenwise states, held to 1e-30.
+    """
     with mpla.exact():
         states, _ = impl["recurrent_mp"](case, impl["kla_step_mp"])
         R = mpla.mat(case["S0"]).T
@@ -412,15 +405,14 @@ def _check_eq6(case, impl, prec) -> Measurement:
         return worst(parts)
 
 
-register(kla(
-    id="kla.eq6", source="KLA Sec. 4, eq. (6)",
-    statement="With R_t = S_t^T: R_t = alpha_t R_{t-1}(I - beta_t k_t k_t^T) + beta_t v_t k_t^T, the GDN recurrence.",
-    quantity="mp: eq. (6) against the transposed tokenwise states, held to 1e-30.",
-    strategy=_sequence_cases, check=_check_eq6,
-))
-
-
+@claim("kla.a5.decay_agnostic", source="KLA App. A.5 (and Sec. 3.2, 'KLA and KDA are orthogonal')",
+       strategy=lambda: _token_cases(unrelaxed=True, per_channel=True))
 def _check_decay_agnostic(case, impl, prec) -> Measurement:
+    """For any linear decay (here D_t = Diag(alpha_t)), the Kaczmarz update of S~ = D_t S_{t-1} is the orthogonal
+    projection of S~ onto A_t.
+
+    Measured: mp: the update against (I - kk^T/||k||^2) S~ + k v^T/||k||^2 and the constraint.
+    """
     with mpla.exact():
         S, k, v = _mp_token(case)
         D = mpmath.diag([mpf(a) for a in case["alpha"]])
@@ -432,16 +424,16 @@ def _check_decay_agnostic(case, impl, prec) -> Measurement:
         return worst([exact_identity(St, proj, "S_t = proj_{A_t}(D_t S_{t-1})"), exact_identity(St.T * k, v, "constraint")])
 
 
-register(kla(
-    id="kla.a5.decay_agnostic", source="KLA App. A.5 (and Sec. 3.2, 'KLA and KDA are orthogonal')",
-    statement="For any linear decay (here D_t = Diag(alpha_t)), the Kaczmarz update of S~ = D_t S_{t-1} is the orthogonal "
-              "projection of S~ onto A_t.",
-    quantity="mp: the update against (I - kk^T/||k||^2) S~ + k v^T/||k||^2 and the constraint.",
-    strategy=lambda: _token_cases(unrelaxed=True, per_channel=True), check=_check_decay_agnostic,
-))
-
-
+@claim("kla.coefficient_locality",
+       source="KLA eq. (3); Sec. 3.2 ('depends on S~_{t-1} and k_t, not on the decay'); Table 7",
+       strategy=_sequence_cases, precisions=WORKING, implementation=_impl_solvers)
 def _check_locality(case, impl, prec) -> Measurement:
+    """beta_t = eta_t/(||k_t||^2 + eps) is a function of (k_t, eta_t, eps) alone: not of the state, the position t, the
+    sequence length or the decay (the update, not the coefficient, depends on S~_{t-1}).
+
+    Measured: solvers.kla.kaczmarz_coefficient: beta_t bitwise identical computed for the token alone, inside the
+    sequence and inside the reversed sequence (value = 1 if any differ, held to 0).
+    """
     ar = arith(prec)
     K = torch.tensor(case["K"], dtype=F64).to(ar.dtype)
     eta = torch.tensor(case["eta"], dtype=F64).to(ar.dtype)
@@ -452,18 +444,16 @@ def _check_locality(case, impl, prec) -> Measurement:
     return Measurement(differ, 0.0, "beta_t bitwise equal alone, in the sequence, and in the reversed sequence")
 
 
-register(kla(
-    id="kla.coefficient_locality", source="KLA eq. (3); Sec. 3.2 ('depends on S~_{t-1} and k_t, not on the decay'); Table 7",
-    statement="beta_t = eta_t/(||k_t||^2 + eps) is a function of (k_t, eta_t, eps) alone: not of the state, the position t, "
-              "the sequence length or the decay (the update, not the coefficient, depends on S~_{t-1}).",
-    quantity="solvers.kla.kaczmarz_coefficient: beta_t bitwise identical computed for the token alone, inside the sequence "
-             "and inside the reversed sequence (value = 1 if any differ, held to 0).",
-    strategy=_sequence_cases, check=_check_locality, precisions=WORKING,
-    implementation=_impl_solvers,
-))
-
-
 # ------------------------------------------------------------------ chunkwise: Props. 3-4, Algorithm 1
+
+
+def _decay_products(alphas) -> list:
+    """gamma_i = alpha_1 ... alpha_i (i = 1..T), exactly."""
+    gam, g = [], mpf(1)
+    for a in alphas:
+        g = g * mpf(a)
+        gam.append(g)
+    return gam
 
 
 def _mp_chunk(case, normalize_chunk: bool):
@@ -471,10 +461,7 @@ def _mp_chunk(case, normalize_chunk: bool):
     K, V, Q = mpla.mat(case["K"]), mpla.mat(case["V"]), mpla.mat(case["Q"])
     S0 = mpla.mat(case["S0"])
     T = K.rows
-    gam, g = [], mpf(1)
-    for a in case["alpha"]:
-        g = g * mpf(a)
-        gam.append(g)
+    gam = _decay_products(case["alpha"])
     beta = [mp_beta(K[i, :].T, case["eta"][i], case["eps"]) for i in range(T)]
     B, Dg = mpmath.diag(beta), mpmath.diag(gam)
     A, Am = mpmath.matrix(T, T), mpmath.matrix(T, T)
@@ -496,10 +483,7 @@ def _chunk_condition(case) -> float:
     with mpla.exact():
         K = mpla.mat(case["K"])
         T = K.rows
-        gam, g = [], mpf(1)
-        for a in case["alpha"]:
-            g = g * mpf(a)
-            gam.append(g)
+        gam = _decay_products(case["alpha"])
         M = mpla.eye(T)
         for i in range(T):
             b = mp_beta(K[i, :].T, case["eta"][i], case["eps"])
@@ -508,7 +492,20 @@ def _chunk_condition(case) -> float:
         return float(mpla.norm2(M) * mpla.norm2(mpla.inv(M)))
 
 
+@claim("kla.props3_4", source="KLA Sec. 4, Propositions 3-4, eqs. (7)-(9); App. B.1-B.3; Algorithm 1 (right)",
+       strategy=_sequence_cases, precisions=ALL_PRECISIONS, implementation=_impl_solvers)
 def _check_props34(case, impl, prec) -> Measurement:
+    """U solving (I + B(A^- . K K^T)) U = B(V - D_gamma K S_0) represents every state, S_i = gamma_i S_0 + sum_{r<=i}
+    (gamma_i/gamma_r) k_r u_r^T, and gives O = D_gamma Q S_0 + (A . Q K^T) U and S_out = gamma_C S_0 + K^T
+    Diag(gamma_C/gamma_j) U: the chunkwise algorithm equals the tokenwise one.
+
+    Measured: mp: outputs, every state and S_out against the tokenwise recurrence, held to 1e-30 (queries normalised as
+    the text says). Working precisions: solvers.kla.kla_chunkwise against the mp recurrence, error / state scale <=
+    allowance(kappa(I + L), T + d_k), kappa of the triangular system (7).
+
+    Note: The unit lower-triangular system is always nonsingular (Prop. 3's remark) -- used, not just claimed: it is
+    solved.
+    """
     if prec == MP:
         with mpla.exact():
             states, outs = impl["recurrent_mp"](case, impl["kla_step_mp"])
@@ -540,20 +537,6 @@ def _check_props34(case, impl, prec) -> Measurement:
                        allowance(_chunk_condition(case), T + len(case["K"][0]), prec), "chunkwise vs exact tokenwise, / state scale")
 
 
-register(kla(
-    id="kla.props3_4", source="KLA Sec. 4, Propositions 3-4, eqs. (7)-(9); App. B.1-B.3; Algorithm 1 (right)",
-    statement="U solving (I + B(A^- . K K^T)) U = B(V - D_gamma K S_0) represents every state, S_i = gamma_i S_0 + "
-              "sum_{r<=i} (gamma_i/gamma_r) k_r u_r^T, and gives O = D_gamma Q S_0 + (A . Q K^T) U and "
-              "S_out = gamma_C S_0 + K^T Diag(gamma_C/gamma_j) U: the chunkwise algorithm equals the tokenwise one.",
-    quantity="mp: outputs, every state and S_out against the tokenwise recurrence, held to 1e-30 (queries normalised as the "
-             "text says). Working precisions: solvers.kla.kla_chunkwise against the mp recurrence, error / state scale "
-             "<= allowance(kappa(I + L), T + d_k), kappa of the triangular system (7).",
-    strategy=_sequence_cases, check=_check_props34, precisions=ALL_PRECISIONS,
-    implementation=_impl_solvers,
-    note="The unit lower-triangular system is always nonsingular (Prop. 3's remark) -- used, not just claimed: it is solved.",
-))
-
-
 @formed
 def _panels(form):
     def check(case, impl, prec) -> Measurement:
@@ -565,17 +548,15 @@ def _panels(form):
 
 
 _PANEL_EXAMPLE = {"K": ((1.0,),), "V": ((1.0,),), "Q": ((2.0,),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
-register(
-    kla(id="kla.alg1.panels.printed", source="KLA Algorithm 1, line 6 (tokenwise) vs line 7 (chunkwise)",
-        statement="The two panels of Algorithm 1 compute the same outputs: o_t = S_t^T q_t/||q_t|| and O = D_gamma Q S_0 + (A . Q K^T) U.",
-        quantity="mp: line 7's rows against line 6 for arbitrary (unnormalised) queries, held to 1e-30.",
-        strategy=_sequence_cases, check=_panels("printed"), expected=FAILS, twin="kla.alg1.panels.corrected",
-        examples=(_PANEL_EXAMPLE,)),
-    kla(id="kla.alg1.panels.corrected", source="KLA Algorithm 1 with Sec. 3.3's normalised queries",
-        statement="They agree once q_t is l2-normalised before the chunkwise readout (as Sec. 3.3 states), i.e. row i of O divided by ||q_i||.",
-        quantity="mp: against line 6, held to 1e-30.",
-        strategy=_sequence_cases, check=_panels("corrected"), form=CORRECTED, twin="kla.alg1.panels.printed"),
-)
+erratum(Twin("kla.alg1.panels.printed", source="KLA Algorithm 1, line 6 (tokenwise) vs line 7 (chunkwise)",
+             statement="""The two panels of Algorithm 1 compute the same outputs: o_t = S_t^T q_t/||q_t|| and O =
+                          D_gamma Q S_0 + (A . Q K^T) U.""",
+             quantity="""mp: line 7's rows against line 6 for arbitrary (unnormalised) queries, held to 1e-30.""",
+             examples=(_PANEL_EXAMPLE,)),
+        Twin("kla.alg1.panels.corrected", source="KLA Algorithm 1 with Sec. 3.3's normalised queries",
+             statement="""They agree once q_t is l2-normalised before the chunkwise readout (as Sec. 3.3 states),
+                          i.e. row i of O divided by ||q_i||.""", quantity="""mp: against line 6, held to 1e-30."""),
+        check=_panels, strategy=_sequence_cases)
 
 
 # ------------------------------------------------------------------------------ WY: Props. 5-6
@@ -596,10 +577,7 @@ def _wy(form, which):
             K = [mpla.vec(k) for k in case["K"]]
             V = [mpla.vec(v) for v in case["V"]]
             T, dk, dv = len(K), K[0].rows, V[0].rows
-            gam, g = [], mpf(1)
-            for a in case["alpha"]:
-                g = g * mpf(a)
-                gam.append(g)
+            gam = _decay_products(case["alpha"])
             beta = [mp_beta(K[i], case["eta"][i], case["eps"]) for i in range(T)]
             W, U, parts = [], [], []
             P_true, H_true = mpla.eye(dk), mpla.zeros(dk, dv)
@@ -623,33 +601,38 @@ def _wy(form, which):
 
 _WY_EXAMPLE = {"K": ((1.0,),), "V": ((1.0,),), "Q": ((1.0,),), "alpha": (0.5,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
 _TABLE6_EXAMPLE = {"K": ((2.0,),), "V": ((1.0,),), "Q": ((1.0,),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0, "S0": ((0.0,),)}
-register(
-    kla(id="kla.prop5.printed", source="KLA App. B, Proposition 5, eqs. (18)-(19)",
-        statement="P_i = prod alpha_r (I - beta_r k_r k_r^T) = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T with "
-                  "w_i = beta_i (gamma_{i->i} k_i - sum_{r<i} w_r (k_r^T gamma_{r->i} k_i)), gamma_{j->i} = prod_{r=j}^{i} alpha_r.",
-        quantity="mp: eq. (18) with (19) and the printed gamma_{j->i} against the product, held to 1e-30.",
-        strategy=_sequence_cases, check=_wy("printed", "P"), expected=FAILS, twin="kla.prop5.corrected", examples=(_WY_EXAMPLE,),
-        note="P_1 = alpha_1 (I - beta_1 k_1 k_1^T) but (18)-(19) give alpha_1 I - alpha_1^2 beta_1 k_1 k_1^T. The proof's "
-             "4th line replaces alpha_i gamma_{i-1} = gamma_i by gamma_{i->i} = alpha_i."),
-    kla(id="kla.prop5.corrected", source="KLA App. B, Proposition 5 (corrected)",
-        statement="With gamma_{r->i} = gamma_i/gamma_r (App. B.1's substitution) and w_i = beta_i (gamma_i k_i - sum_{r<i} "
-                  "gamma_{r->i} (k_r^T k_i) w_r), P_i = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T (S-space, left products).",
-        quantity="mp: against the product, held to 1e-30.",
-        strategy=_sequence_cases, check=_wy("corrected", "P"), form=CORRECTED, twin="kla.prop5.printed"),
-    kla(id="kla.prop6.printed", source="KLA App. B, Proposition 6, eqs. (20)-(21)",
-        statement="H_i = sum_{r<=i} gamma_{r->i} k_r u_r^T with u_i = beta_i (v_i - sum_{r<i} u_r (k_r^T gamma_{r->i} k_i)), "
-                  "gamma_{j->i} = prod_{r=j}^{i} alpha_r as defined before Prop. 5.",
-        quantity="mp: eq. (20) with (21) against the unrolled H_i, held to 1e-30.",
-        strategy=_sequence_cases, check=_wy("printed", "H"), expected=FAILS, twin="kla.prop6.corrected", examples=(_WY_EXAMPLE,),
-        note="H_1 = beta_1 k_1 v_1^T but (20) gives gamma_{1->1} k_1 u_1^T = alpha_1 beta_1 k_1 v_1^T."),
-    kla(id="kla.prop6.corrected", source="KLA App. B, Proposition 6 (with App. B.1's gamma_{r->i} = gamma_i/gamma_r)",
-        statement="Eqs. (20)-(21) hold with gamma_{r->i} = gamma_i/gamma_r (the decay strictly after r).",
-        quantity="mp: against the unrolled H_i, held to 1e-30.",
-        strategy=_sequence_cases, check=_wy("corrected", "H"), form=CORRECTED, twin="kla.prop6.printed"),
-)
+erratum(Twin("kla.prop5.printed", source="KLA App. B, Proposition 5, eqs. (18)-(19)",
+             statement="""P_i = prod alpha_r (I - beta_r k_r k_r^T) = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T
+                          with w_i = beta_i (gamma_{i->i} k_i - sum_{r<i} w_r (k_r^T gamma_{r->i} k_i)), gamma_{j->i} =
+                          prod_{r=j}^{i} alpha_r.""",
+             quantity="""mp: eq. (18) with (19) and the printed gamma_{j->i} against the product, held to 1e-30.""",
+             examples=(_WY_EXAMPLE,),
+             note="""P_1 = alpha_1 (I - beta_1 k_1 k_1^T) but (18)-(19) give alpha_1 I - alpha_1^2 beta_1 k_1 k_1^T.
+                     The proof's 4th line replaces alpha_i gamma_{i-1} = gamma_i by gamma_{i->i} = alpha_i."""),
+        Twin("kla.prop5.corrected", source="KLA App. B, Proposition 5 (corrected)",
+             statement="""With gamma_{r->i} = gamma_i/gamma_r (App. B.1's substitution) and w_i = beta_i (gamma_i k_i
+                          - sum_{r<i} gamma_{r->i} (k_r^T k_i) w_r), P_i = gamma_i I - sum_{r<=i} gamma_{r->i} k_r w_r^T
+                          (S-space, left products).""", quantity="""mp: against the product, held to 1e-30."""),
+        check=_wy, args=("P",), strategy=_sequence_cases)
+erratum(Twin("kla.prop6.printed", source="KLA App. B, Proposition 6, eqs. (20)-(21)",
+             statement="""H_i = sum_{r<=i} gamma_{r->i} k_r u_r^T with u_i = beta_i (v_i - sum_{r<i} u_r (k_r^T
+                          gamma_{r->i} k_i)), gamma_{j->i} = prod_{r=j}^{i} alpha_r as defined before Prop. 5.""",
+             quantity="""mp: eq. (20) with (21) against the unrolled H_i, held to 1e-30.""", examples=(_WY_EXAMPLE,),
+             note="""H_1 = beta_1 k_1 v_1^T but (20) gives gamma_{1->1} k_1 u_1^T = alpha_1 beta_1 k_1 v_1^T."""),
+        Twin("kla.prop6.corrected", source="KLA App. B, Proposition 6 (with App. B.1's gamma_{r->i} = gamma_i/gamma_r)",
+             statement="""Eqs. (20)-(21) hold with gamma_{r->i} = gamma_i/gamma_r (the decay strictly after r).""",
+             quantity="""mp: against the unrolled H_i, held to 1e-30."""), check=_wy, args=("H",),
+        strategy=_sequence_cases)
 
 
+@claim("kla.props5_6.solver", source="KLA App. B, Propositions 5-6 (corrected), as implemented",
+       strategy=_sequence_cases, precisions=WORKING, implementation=_impl_solvers)
 def _check_wy_solver(case, impl, prec) -> Measurement:
+    """solvers.kla.wy_representation / wy_matrices reproduce P_i and H_i in every precision.
+
+    Measured: ||P_i - P_i,true|| and ||H_i - H_i,true||, each relative to the sizes of the terms of eqs. (18), (20),
+    against the allowance with the condition number of the triangular system both auxiliaries solve (as kla.props3_4).
+    """
     ar = arith(prec)
     K = torch.tensor(case["K"], dtype=F64).to(ar.dtype)
     V = torch.tensor(case["V"], dtype=F64).to(ar.dtype)
@@ -661,10 +644,7 @@ def _check_wy_solver(case, impl, prec) -> Measurement:
         Kv = [mpla.vec(k) for k in case["K"]]
         Vv = [mpla.vec(v) for v in case["V"]]
         dk, dv, T = Kv[0].rows, Vv[0].rows, len(Kv)
-        gam, g = [], mpf(1)
-        for a in case["alpha"]:
-            g = g * mpf(a)
-            gam.append(g)
+        gam = _decay_products(case["alpha"])
         P_true, H_true, Wt, Ut, errs = mpla.eye(dk), mpla.zeros(dk, dv), [], [], []
         for i in range(T):
             b = mp_beta(Kv[i], case["eta"][i], case["eps"])
@@ -680,16 +660,6 @@ def _check_wy_solver(case, impl, prec) -> Measurement:
             eH = float(torch.linalg.matrix_norm(Hm[i].to(F64) - mp_matrix_tensor(H_true)))
             errs.append(max(eP, eH / sH if sH > 0 else eH))
     return Measurement(max(errs), allowance(_chunk_condition(case), T + dk, prec), "P_i, H_i / sizes of their terms")
-
-
-register(kla(
-    id="kla.props5_6.solver", source="KLA App. B, Propositions 5-6 (corrected), as implemented",
-    statement="solvers.kla.wy_representation / wy_matrices reproduce P_i and H_i in every precision.",
-    quantity="||P_i - P_i,true|| and ||H_i - H_i,true||, each relative to the sizes of the terms of eqs. (18), (20), "
-             "against the allowance with the condition number of the triangular system both auxiliaries solve (as kla.props3_4).",
-    strategy=_sequence_cases, check=_check_wy_solver, precisions=WORKING,
-    implementation=_impl_solvers,
-))
 
 
 @formed
@@ -716,19 +686,17 @@ def _rspace(form):
 
 _RSPACE_EXAMPLE = {"K": ((1.0, 0.0),), "V": ((1.0,),), "Q": ((1.0, 0.0),), "alpha": (1.0,), "eta": (1.0,), "eps": 0.0,
                    "S0": ((1.0,), (0.0,))}
-register(
-    kla(id="kla.appB.rspace.printed", source="KLA App. B, 'R_i = P_i R_0 + H_i' (R = S^T, eq. (6))",
-        statement="In R-space (R_t = S_t^T, d_v x d_k), R_i = P_i R_0 + H_i with P_i = prod alpha_r (I - beta_r k_r k_r^T).",
-        quantity="mp: P_T R_0 + H_T against R_T (inf where d_v != d_k makes P_i R_0 undefined).",
-        strategy=_sequence_cases, check=_rspace("printed"), expected=FAILS, twin="kla.appB.rspace.corrected",
-        examples=(_RSPACE_EXAMPLE,),
-        note="Eq. (6) multiplies R by (I - beta k k^T) on the right, so the products act on the right of R_0; the WY forms "
-             "(18), (20) (k_r on the left) are those of S-space."),
-    kla(id="kla.appB.rspace.corrected", source="KLA App. B (in S-space)",
-        statement="S_i = P_i S_0 + H_i with left products P_i = F_i ... F_1, F_r = alpha_r (I - beta_r k_r k_r^T) (R_i = S_i^T).",
-        quantity="mp: against the tokenwise S_T, held to 1e-30.",
-        strategy=_sequence_cases, check=_rspace("corrected"), form=CORRECTED, twin="kla.appB.rspace.printed"),
-)
+erratum(Twin("kla.appB.rspace.printed", source="KLA App. B, 'R_i = P_i R_0 + H_i' (R = S^T, eq. (6))",
+             statement="""In R-space (R_t = S_t^T, d_v x d_k), R_i = P_i R_0 + H_i with P_i = prod alpha_r (I -
+                          beta_r k_r k_r^T).""",
+             quantity="""mp: P_T R_0 + H_T against R_T (inf where d_v != d_k makes P_i R_0 undefined).""",
+             examples=(_RSPACE_EXAMPLE,),
+             note="""Eq. (6) multiplies R by (I - beta k k^T) on the right, so the products act on the right of R_0;
+                     the WY forms (18), (20) (k_r on the left) are those of S-space."""),
+        Twin("kla.appB.rspace.corrected", source="KLA App. B (in S-space)",
+             statement="""S_i = P_i S_0 + H_i with left products P_i = F_i ... F_1, F_r = alpha_r (I - beta_r k_r
+                          k_r^T) (R_i = S_i^T).""", quantity="""mp: against the tokenwise S_T, held to 1e-30."""),
+        check=_rspace, strategy=_sequence_cases)
 
 
 @formed
@@ -758,29 +726,27 @@ def _table6(form):
     return check
 
 
-register(
-    kla(id="kla.table6.printed", source="KLA App. B, Table 6 (KLA row)",
-        statement="o_t = sum_{j<=t} q_t^T (prod_{s=j+1}^{t} alpha_s (I - beta_s k_s k_s^T)) k_j v_j.",
-        quantity="mp: against S_t^T q_t from the recurrence (S_0 = 0), held to 1e-30.",
-        strategy=_sequence_cases, check=_table6("printed"), expected=FAILS, twin="kla.table6.corrected", examples=(_TABLE6_EXAMPLE,),
-        note="The write beta_j is missing (the GDN and DeltaNet rows have the same omission)."),
-    kla(id="kla.table6.corrected", source="KLA App. B, Table 6 (corrected)",
-        statement="o_t = sum_{j<=t} beta_j q_t^T F_t F_{t-1} ... F_{j+1} k_j v_j with F_s = alpha_s (I - beta_s k_s k_s^T).",
-        quantity="mp: against S_t^T q_t, held to 1e-30.",
-        strategy=_sequence_cases, check=_table6("corrected"), form=CORRECTED, twin="kla.table6.printed"),
-)
+erratum(Twin("kla.table6.printed", source="KLA App. B, Table 6 (KLA row)",
+             statement="""o_t = sum_{j<=t} q_t^T (prod_{s=j+1}^{t} alpha_s (I - beta_s k_s k_s^T)) k_j v_j.""",
+             quantity="""mp: against S_t^T q_t from the recurrence (S_0 = 0), held to 1e-30.""",
+             examples=(_TABLE6_EXAMPLE,),
+             note="""The write beta_j is missing (the GDN and DeltaNet rows have the same omission)."""),
+        Twin("kla.table6.corrected", source="KLA App. B, Table 6 (corrected)",
+             statement="""o_t = sum_{j<=t} beta_j q_t^T F_t F_{t-1} ... F_{j+1} k_j v_j with F_s = alpha_s (I -
+                          beta_s k_s k_s^T).""", quantity="""mp: against S_t^T q_t, held to 1e-30."""), check=_table6,
+        strategy=_sequence_cases)
 
 
-register_uncheckable(
-    Uncheckable("kla.experiments", "kla", "KLA Sec. 5, Tables 1, 3-5, Figs. 1-3",
-                "Perplexity, synthetic-task accuracy, prefill latency and decode throughput results.",
-                "Training and timing runs; the arithmetic of the reported numbers is checked by kla reported-number claims."),
-    Uncheckable("kla.table2.objectives", "kla", "KLA Sec. 3.1, Table 2",
-                "The local objective each recurrent layer's update descends.",
-                "An interpretive table (which objective an update is 'based on'); the KLA row's update is checked by "
-                "kla.thm1.* and Table 2's caption ('only model that exactly minimises the per-token loss') by "
-                "kla.thm1.constraint and kla.sec6.exact_only_unrelaxed."),
-)
+not_checkable("kla.experiments", paper="kla", source="KLA Sec. 5, Tables 1, 3-5, Figs. 1-3", text="""
+    Perplexity, synthetic-task accuracy, prefill latency and decode throughput results.
+
+    Why: Training and timing runs; the arithmetic of the reported numbers is checked by kla reported-number claims.""")
+not_checkable("kla.table2.objectives", paper="kla", source="KLA Sec. 3.1, Table 2", text="""
+    The local objective each recurrent layer's update descends.
+
+    Why: An interpretive table (which objective an update is 'based on'); the KLA row's update is checked by
+    kla.thm1.* and Table 2's caption ('only model that exactly minimises the per-token loss') by kla.thm1.constraint
+    and kla.sec6.exact_only_unrelaxed.""")
 
 
 def _diag_cases():
@@ -812,7 +778,15 @@ def _diagonal_condition(case) -> float:
         return float(mpla.norm2(M) * mpla.norm2(mpla.inv(M)))
 
 
+@claim("kla.b5.diagonal", source="KLA App. B.5 (diagonal gating)", strategy=_diag_cases, precisions=WORKING,
+       implementation=_impl_solvers)
 def _check_diagonal(case, impl, prec) -> Measurement:
+    """With a diagonal decay D_t = Diag(alpha_t) the chunkwise algorithm (decay products elementwise) still equals the
+    tokenwise recurrence, and the Kaczmarz coefficient is unchanged.
+
+    Measured: working precisions: solvers.kla.kla_chunkwise with per-channel alpha against the exact tokenwise
+    recurrence S_t = Diag(alpha_t) S_{t-1} + beta k e^T, error / state scale within the allowance.
+    """
     ar = arith(prec)
     t = lambda x: torch.tensor(x, dtype=F64).unsqueeze(1).to(ar.dtype)  # noqa: E731  (T, H = 1, d)
     kw = dict(alpha=torch.tensor(case["alpha"], dtype=F64).unsqueeze(1).to(ar.dtype),
@@ -837,12 +811,3 @@ def _check_diagonal(case, impl, prec) -> Measurement:
                        "chunkwise (per-channel decay) vs exact tokenwise")
 
 
-register(kla(
-    id="kla.b5.diagonal", source="KLA App. B.5 (diagonal gating)",
-    statement="With a diagonal decay D_t = Diag(alpha_t) the chunkwise algorithm (decay products elementwise) still equals the "
-              "tokenwise recurrence, and the Kaczmarz coefficient is unchanged.",
-    quantity="working precisions: solvers.kla.kla_chunkwise with per-channel alpha against the exact tokenwise recurrence "
-             "S_t = Diag(alpha_t) S_{t-1} + beta k e^T, error / state scale within the allowance.",
-    strategy=_diag_cases, check=_check_diagonal, precisions=WORKING,
-    implementation=_impl_solvers,
-))
