@@ -10,7 +10,7 @@ fails exactly as recorded, hypothesis would have made the same calls and reached
 and the claim is searched again by hypothesis (:func:`proofs_check.runner.run_claim`), so a
 changed verdict is never hidden by the cache.
 
-Recordings live in ``.cache/proofs_check/`` (``SVT_CACHE_DIR`` moves it, ``SVT_NO_CACHE=1`` turns
+Recordings live in ``proofs_check/`` of the user cache directory (``SVT_CACHE_DIR`` moves it, ``SVT_NO_CACHE=1`` turns
 it off), keyed by the claim, the precision, the search settings, the hypothesis version and a
 hash of the source of the claim modules and strategies (editing a strategy invalidates them).
 """
@@ -34,10 +34,13 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def cache_dir() -> Optional[pathlib.Path]:
+    """``proofs_check/`` under the toolkit's cache root (``analysis.ground_truth.cache_root``: the
+    user cache directory, never inside the installed package)."""
     if os.environ.get("SVT_NO_CACHE", "") not in ("", "0"):
         return None
-    root = os.environ.get("SVT_CACHE_DIR")
-    return (pathlib.Path(root) if root else _ROOT / ".cache") / "proofs_check"
+    from analysis.ground_truth import cache_root
+
+    return cache_root() / "proofs_check"
 
 
 @functools.lru_cache(maxsize=None)

@@ -256,7 +256,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes (default: the number of cores)")
     p.add_argument("--no-cache", action="store_true",
-                   help="search every claim afresh instead of replaying recorded searches (.cache/proofs_check)")
+                   help="search every claim afresh instead of replaying recorded searches (in the user cache directory)")
     p.add_argument("--write-docs", action="store_true",
                    help="run every claim and regenerate docs/claims.md, docs/errata.md (index and metadata) and "
                         "proofs_check/measured.json from the catalogue")
