@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_run.sh tests      # pytest -m gpu over every kernel test file
 #   bash benchmarks/gpu_run.sh bench      # the benchmark suite (benchmarks/bench.py)
 #   bash benchmarks/gpu_run.sh fla        # the harness's worked example against fla (docs/harness.md)
+#   bash benchmarks/gpu_run.sh reliability harness gradsearch   # bad-input/status tests, contracts, fla #640 search
 # Carry .whl (fla-core, einops, hypothesis, ...) with the call; the GPU machine has no network.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,6 +31,15 @@ for what in "$@"; do
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
         bench)
             timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+        reliability)  # the reliability tests' kernel cases, on the GPU
+            timeout ${REL_TIMEOUT:-120} python3 -m pytest tests/test_reliability_status.py tests/test_reliability_inputs.py \
+                tests/test_reliability_mutants.py -q -o addopts="" -k kernel -p no:cacheprovider \
+                2>&1 | tee "$OUT/gpu_reliability.log" | tail -15 ;;
+        harness)  # third-party and our kernels under their contracts (scripts/harness_gpu.sh; ONLY= selects)
+            bash scripts/harness_gpu.sh "$OUT/harness_gpu.log"; grep -E "^===|^PASS|^FAIL|^INCONCLUSIVE|worst" "$OUT/harness_gpu.log" | tail -40 ;;
+        gradsearch)  # the gradient strategy on fla's chunk_gated_delta_rule backward, #640 guard bypassed
+            timeout $(( ${SEARCH_BUDGET:-150} + 60 )) python3 benchmarks/bench_kla_backward.py --out "$OUT" --part search \
+                --budget ${SEARCH_BUDGET:-150} 2>&1 | tail -25 ;;
         fla)
             timeout ${FLA_TIMEOUT:-240} python3 -m kernels.harness tests.fla_adapter:kla_via_fla solvers:kla_chunkwise --strategy kla \
                 --precision bfloat16 --model bfloat16/storage --examples 10 2>&1 | tee "$OUT/fla_harness.log" | tail -20 ;;

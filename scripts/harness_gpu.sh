@@ -3,11 +3,14 @@
 # chunk_gated_delta_rule, MesaNet CG decoding / chunked) and ours, under their declared
 # contracts (docs/harness.md, docs/validation.md "Harness on the GPU").
 # Usage (repository root, fla-core installed):  bash scripts/harness_gpu.sh [LOG]
+# ONLY="fla_kla_bf16_fair chebyshev" runs those alone; LIMIT_OVERRIDE=S gives each run S seconds.
 set -u
 LOG=${1:-/dev/stdout}
 export PYTHONPATH=${PYTHONPATH:-$PWD}:$PWD/tests PYTHONUNBUFFERED=1
-H() {  # one harness run: name, per-run time limit (s), arguments
+H() {  # one harness run: name, per-run time limit (s), arguments; ONLY="name ..." selects runs
   local name=$1 limit=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
+  limit=${LIMIT_OVERRIDE:-$limit}
   echo "=== $name: python -m kernels.harness $*" >>"$LOG"
   local t0=$SECONDS
   timeout "$limit" python -W ignore -m kernels.harness "$@" --seed 0 >>"$LOG" 2>/dev/null
