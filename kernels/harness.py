@@ -917,9 +917,17 @@ def _positive(text: str) -> int:
     return v
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage errors as one line naming the argument (no usage block), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m kernels.harness", description=__doc__.splitlines()[0],
-                                 epilog="exit status: 0 PASS, 1 FAIL, 2 usage or import error, 3 INCONCLUSIVE")
+    ap = _OneLineErrors(prog="python -m kernels.harness", description=__doc__.splitlines()[0],
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                        epilog="exit status: 0 PASS, 1 FAIL, 2 usage or import error, 3 INCONCLUSIVE")
     ap.add_argument("kernel", help="module:function of the kernel under test")
     ap.add_argument("reference", help="module:function of the reference it should match")
     ap.add_argument("--strategy", choices=sorted(STRATEGIES), required=True)
