@@ -28,9 +28,15 @@ function of A, ``delta_j = sum_ch m_ch(A) eta_ch``:
   operand format, ``|e| <= u_op |z_hat|`` (bf16 operands: GKA's chunked kernel, fla's MesaNet);
 * ``zstore`` (m = 1 - c_j lam): AGD's y stored rounded.
 
-Hence, exactly, ``||d_i|| <= sum_{j<=i} sum_ch max_k |tau_{i,j}(lam_k) m_ch,j(lam_k)| ||eta_ch,j||``.
-Keeping m inside the max matters: an operand error is multiplied by c H before it enters, and
-``max |tau c lam|`` is far below ``max|tau| ||c H||`` on the ends of the spectrum.
+Hence, exactly, ``||d_i|| <= S_2 = sum_{j<=i} sum_ch max_k |tau_{i,j}(lam_k) m_ch,j(lam_k)| ||eta_ch,j||``;
+by Cauchy-Schwarz also ``||d_i|| <= sqrt(S_1 S_2)`` with ``S_1 = max_k sum_{j,ch} |tau m|(lam_k) ||eta_ch,j||``
+(:func:`propagated_norm_bound`), which is what is used: never above S_2, below it when the
+responses of different steps peak at different eigenvalues. Keeping m inside the max matters: an
+operand error is multiplied by c H before it enters, and ``max |tau c lam|`` is far below
+``max|tau| ||c H||`` on the ends of the spectrum.
+
+A stored iterate's error is bounded by half a spacing of the stored format at the value stored,
+which is known up to the drift (:func:`store_error_bound`): on average about 0.7 of ``u ||x||``.
 
 The norms ``||eta_j||`` need the kernel's ``||x_hat_{j-1}||``, which is bounded by
 ``||x_{j-1}|| + E_{j-1}`` with E the bound being computed: a rigorous forward recursion

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import analysis.contract_bounds as cb
+from analysis.contract_tightness import adversarial_storage_run
 from kernels import emulate, harness
 
 CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
@@ -105,36 +106,6 @@ def test_combination_covers_adversarial_sequences_and_the_check_can_fail():
     assert not _covers(lambda r, n: 0.9 * cb.propagated_norm_bound(r, n))
 
 
-def _half_spacing(y, u=2.0**-8):
-    return u * torch.exp2(torch.floor(torch.log2(y.abs())))
-
-
-def _adversarial_storage_run(H, q, L, mu, iters, v, scale=1.0):
-    """Chebyshev in exact (float64) arithmetic whose every stored iterate is off by ``scale`` times
-    a full half spacing of bf16, signed along ``v`` with the sign of the response at mu of the
-    final iterate to that step's error: a legal storage rounding for ``scale <= 1``."""
-    c, b, _, s0, _ = cb._schedule("chebyshev", L, mu, iters, ())
-    tau = torch.zeros(iters + 1, dtype=torch.float64)  # tau_{r,j}(mu)
-    for j in range(iters + 1):
-        cur, old = torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64)
-        for i in range(j + 1, iters + 1):
-            cur, old = (1 - c[i - 1] * mu) * cur + b[i - 1] * (cur - old), cur
-        tau[j] = cur
-    sv = torch.sign(v)
-
-    def store(y, j):
-        return y + scale * torch.sign(tau[j]) * sv * _half_spacing(y)
-
-    x = store(s0 * q, 0)
-    exact, prev, prev_e = s0 * q, torch.zeros_like(q), torch.zeros_like(q)
-    for i in range(iters):
-        y = x - c[i] * (H @ x - q) + b[i] * (x - prev)
-        ye = exact - c[i] * (H @ exact - q) + b[i] * (exact - prev_e)
-        prev, x = x, store(y, i + 1)
-        prev_e, exact = exact, ye
-    return x, exact
-
-
 def test_storage_bound_covers_an_adversarial_store_sequence():
     """Errors of a full half spacing, aligned with the eigenvector of the smallest eigenvalue
     (where the responses peak) with the sign that adds them up: the bound must cover it; the
@@ -149,7 +120,7 @@ def test_storage_bound_covers_an_adversarial_store_sequence():
     q = H @ (1.001 * torch.sign(V[:, 0]))  # x* along v_min, every component just above a power of two
     L, mu = float(lam.max()), float(lam.min())
     run = cb.linear_bound("chebyshev", H, q, L=L, mu=mu, iters=iters, contract="bfloat16/storage")
-    x, exact = _adversarial_storage_run(H, q, L, mu, iters, V[:, 0])
+    x, exact = adversarial_storage_run(H, q, L=L, mu=mu, iters=iters, v=V[:, 0])
     assert torch.allclose(exact, run.x[-1], rtol=1e-12, atol=1e-14)
     err = float(torch.linalg.vector_norm(x - exact))
     bound = float(run.bound[-1])
