@@ -201,14 +201,18 @@ def linear_bound(method: str, H, q, *, L, mu, iters: int, contract, shift=None, 
             T[i, j] = cur
     cj = torch.cat([torch.zeros_like(c[:1]), c])  # c of the step that commits the error at x_j
     # |tau_{i,j}(lam_k) m_ch,j(lam_k)| per channel, (r+1, r+1, *batch, D), and its max over k
-    resp = {"plain": T.abs(),
-            "operand": (T * (cj.unsqueeze(-1) * lamH).unsqueeze(0)).abs(),
-            "zstore": (T * (1.0 - cj.unsqueeze(-1) * lam).unsqueeze(0)).abs()}
+    # (only the channels that can carry an error: the others' eta stay 0 and would add nothing)
+    u_op_z = contract.u_operand(u_st if contract.stores("iterate") else u_acc)
+    resp = {"plain": T.abs()}
+    if u_op_z > 0:
+        resp["operand"] = (T * (cj.unsqueeze(-1) * lamH).unsqueeze(0)).abs()
+    if method == "agd" and contract.stores("iterate"):
+        resp["zstore"] = (T * (1.0 - cj.unsqueeze(-1) * lam).unsqueeze(0)).abs()
+    del T
     gain = {ch: t.amax(-1) for ch, t in resp.items()}
 
     absH = torch.linalg.matrix_norm(H.abs(), ord=2)
     normA = lam.abs().amax(-1)
-    u_op_z = contract.u_operand(u_st if contract.stores("iterate") else u_acc)
     u_op_H = 0.0 if value_u is None else contract.u_operand(value_u)
     mv_err = gamma(D, u_acc)
 
@@ -217,7 +221,7 @@ def linear_bound(method: str, H, q, *, L, mu, iters: int, contract, shift=None, 
 
     def accumulated(i):
         return propagated_norm_bound({ch: resp[ch][i, : i + 1] for ch in resp},
-                                     {ch: eta[ch][: i + 1] for ch in eta}, gain={ch: gain[ch][i, : i + 1] for ch in gain})
+                                     {ch: eta[ch][: i + 1] for ch in resp}, gain={ch: gain[ch][i, : i + 1] for ch in gain})
 
     # x_0 = fl_store(s0 q): one product (and the constant's own rounding)
     nq = torch.linalg.vector_norm(q, dim=-1)
@@ -273,7 +277,10 @@ def store_error_bound(x: torch.Tensor, drift: torch.Tensor, u: float, dtype: tor
         return plain
     emin = math.log2(torch.finfo(dtype).tiny)
     ax = x.abs() + 2.0**-30 * nx.unsqueeze(-1)
-    e = torch.floor(torch.log2(ax.clamp_min(2.0**emin))).clamp_min(emin)
+    ax = ax.clamp_min(2.0**emin)
+    e = torch.floor(torch.log2(ax))
+    e = e + (torch.exp2(e + 1) <= ax).to(e.dtype) - (torch.exp2(e) > ax).to(e.dtype)  # log2's own rounding
+    e = e.clamp_min(emin)
     h = u * torch.exp2(e)
     gap = torch.exp2(e + 1) - ax
     value = (u * ax) ** 2 - h**2

@@ -131,3 +131,33 @@ def test_storage_bound_covers_an_adversarial_store_sequence():
             u * torch.exp2(torch.floor(torch.log2(x.abs()))) / u, dim=-1))
         assert float(cb.linear_bound("chebyshev", H, q, L=L, mu=mu, iters=iters,
                                      contract="bfloat16/storage").bound[-1]) < err
+
+
+def test_store_error_bound_covers_rounding_within_the_drift():
+    """Round ``y = x + drift`` to bf16 for drifts spent where they cost most (on the components
+    nearest the next power of two) and at random: ``||fl(y) - y||`` within the bound, which is
+    below ``u (||x|| + drift)``; without the knapsack term the drift into the next binade is missed."""
+    u = 2.0**-8
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 32, generator=gen, dtype=torch.float64)
+    nx = torch.linalg.vector_norm(x, dim=-1)
+    for rel in (0.0, 1e-3, 0.02, 0.1):
+        drift = rel * nx
+        bound = cb.store_error_bound(x, drift, u, torch.bfloat16)
+        assert bool((bound <= u * (nx + drift) * ROUNDING_SLACK).all())
+        gap = torch.exp2(torch.floor(torch.log2(x.abs())) + 1) - x.abs()
+        # all the drift on the component nearest its next power of two, just past it
+        k = gap.argmin(-1, keepdim=True)
+        push = torch.zeros_like(x).scatter(-1, k, torch.minimum(drift.unsqueeze(-1), gap.gather(-1, k) * 1.0000001))
+        rand = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+        rand = rand / torch.linalg.vector_norm(rand, dim=-1, keepdim=True) * drift.unsqueeze(-1)
+        for y in (x + torch.sign(x) * push, x + rand):
+            err = torch.linalg.vector_norm(y.to(torch.bfloat16).double() - y, dim=-1)
+            assert bool((err <= bound).all()), (rel, (err / bound).max())
+    # the check can fail: h(x) alone does not cover a push into the next binade
+    x = torch.tensor([[1.0 - 2.0**-9, 1.0 - 2.0**-9]], dtype=torch.float64)  # fl rounds exactly onto 1
+    y = torch.tensor([[1.0 + 2.0**-8 - 2.0**-30, 1.0 + 2.0**-8 - 2.0**-30]], dtype=torch.float64)  # h(y) = 2^-8
+    drift = torch.linalg.vector_norm(y - x, dim=-1)
+    err = torch.linalg.vector_norm(y.to(torch.bfloat16).double() - y, dim=-1)
+    h_of_x = torch.linalg.vector_norm(u * torch.exp2(torch.floor(torch.log2(x.abs()))), dim=-1)
+    assert bool((err > h_of_x).all()) and bool((err <= cb.store_error_bound(x, drift, u, torch.bfloat16)).all())
