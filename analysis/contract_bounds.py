@@ -28,9 +28,15 @@ function of A, ``delta_j = sum_ch m_ch(A) eta_ch``:
   operand format, ``|e| <= u_op |z_hat|`` (bf16 operands: GKA's chunked kernel, fla's MesaNet);
 * ``zstore`` (m = 1 - c_j lam): AGD's y stored rounded.
 
-Hence, exactly, ``||d_i|| <= sum_{j<=i} sum_ch max_k |tau_{i,j}(lam_k) m_ch,j(lam_k)| ||eta_ch,j||``.
-Keeping m inside the max matters: an operand error is multiplied by c H before it enters, and
-``max |tau c lam|`` is far below ``max|tau| ||c H||`` on the ends of the spectrum.
+Hence, exactly, ``||d_i|| <= S_2 = sum_{j<=i} sum_ch max_k |tau_{i,j}(lam_k) m_ch,j(lam_k)| ||eta_ch,j||``;
+by Cauchy-Schwarz also ``||d_i|| <= sqrt(S_1 S_2)`` with ``S_1 = max_k sum_{j,ch} |tau m|(lam_k) ||eta_ch,j||``
+(:func:`propagated_norm_bound`), which is what is used: never above S_2, below it when the
+responses of different steps peak at different eigenvalues. Keeping m inside the max matters: an
+operand error is multiplied by c H before it enters, and ``max |tau c lam|`` is far below
+``max|tau| ||c H||`` on the ends of the spectrum.
+
+A stored iterate's error is bounded by half a spacing of the stored format at the value stored,
+which is known up to the drift (:func:`store_error_bound`): on average about 0.7 of ``u ||x||``.
 
 The norms ``||eta_j||`` need the kernel's ``||x_hat_{j-1}||``, which is bounded by
 ``||x_{j-1}|| + E_{j-1}`` with E the bound being computed: a rigorous forward recursion
@@ -193,14 +199,20 @@ def linear_bound(method: str, H, q, *, L, mu, iters: int, contract, shift=None, 
             damp = 1.0 - ci * lam
             cur, old = damp * (1.0 + be) * cur + bi * cur - (damp * be + bi) * old, cur
             T[i, j] = cur
-    gain_plain = T.abs().amax(-1)  # (r+1, r+1, *batch)
     cj = torch.cat([torch.zeros_like(c[:1]), c])  # c of the step that commits the error at x_j
-    gain_op = (T * (cj.unsqueeze(-1) * lamH).unsqueeze(0)).abs().amax(-1)
-    gain_z = (T * (1.0 - cj.unsqueeze(-1) * lam).unsqueeze(0)).abs().amax(-1)
+    # |tau_{i,j}(lam_k) m_ch,j(lam_k)| per channel, (r+1, r+1, *batch, D), and its max over k
+    # (only the channels that can carry an error: the others' eta stay 0 and would add nothing)
+    u_op_z = contract.u_operand(u_st if contract.stores("iterate") else u_acc)
+    resp = {"plain": T.abs()}
+    if u_op_z > 0:
+        resp["operand"] = (T * (cj.unsqueeze(-1) * lamH).unsqueeze(0)).abs()
+    if method == "agd" and contract.stores("iterate"):
+        resp["zstore"] = (T * (1.0 - cj.unsqueeze(-1) * lam).unsqueeze(0)).abs()
+    del T
+    gain = {ch: t.amax(-1) for ch, t in resp.items()}
 
     absH = torch.linalg.matrix_norm(H.abs(), ord=2)
     normA = lam.abs().amax(-1)
-    u_op_z = contract.u_operand(u_st if contract.stores("iterate") else u_acc)
     u_op_H = 0.0 if value_u is None else contract.u_operand(value_u)
     mv_err = gamma(D, u_acc)
 
@@ -208,15 +220,14 @@ def linear_bound(method: str, H, q, *, L, mu, iters: int, contract, shift=None, 
     eta = {k: torch.zeros((r + 1, *batch), dtype=_F64) for k in ("plain", "operand", "zstore")}
 
     def accumulated(i):
-        tot = (gain_plain[i, : i + 1] * eta["plain"][: i + 1]).sum(0)
-        tot = tot + (gain_op[i, : i + 1] * eta["operand"][: i + 1]).sum(0)
-        return tot + (gain_z[i, : i + 1] * eta["zstore"][: i + 1]).sum(0)
+        return propagated_norm_bound({ch: resp[ch][i, : i + 1] for ch in resp},
+                                     {ch: eta[ch][: i + 1] for ch in resp}, gain={ch: gain[ch][i, : i + 1] for ch in gain})
 
     # x_0 = fl_store(s0 q): one product (and the constant's own rounding)
     nq = torch.linalg.vector_norm(q, dim=-1)
     eta["plain"][0] = (3 * u_acc * s0 * nq) * (1 + u_acc)
     pre = SAFETY * accumulated(0)
-    eta["plain"][0] += u_st * (nx[0] + pre)
+    eta["plain"][0] += store_error_bound(X[0], pre, u_st, contract.storage)
     E[0] = SAFETY * accumulated(0)
     for i in range(1, r + 1):
         k = i - 1
@@ -240,9 +251,78 @@ def linear_bound(method: str, H, q, *, L, mu, iters: int, contract, shift=None, 
             eta["zstore"][i] = u_st * zn
         pre = SAFETY * accumulated(i)
         if contract.stores("iterate"):
-            eta["plain"][i] += u_st * (nx[i] + pre)
+            eta["plain"][i] += store_error_bound(X[i], pre, u_st, contract.storage)
         E[i] = SAFETY * accumulated(i)
     return LinearRun(X, E)
+
+
+def store_error_bound(x: torch.Tensor, drift: torch.Tensor, u: float, dtype: torch.dtype) -> torch.Tensor:
+    """A bound on ``||fl(y) - y||_2`` for any ``y`` with ``||y - x|| <= drift``, fl rounding to
+    nearest in ``dtype`` (unit roundoff u): x ``(*batch, D)`` the exact pre-store value, drift ``(*batch)``.
+
+    The minimum of two rigorous bounds. (a) ``u ||y|| <= u (||x|| + drift)`` (Higham eq. (2.4)).
+    (b) Half a spacing: ``|fl(y_k) - y_k| <= h(y_k) = u 2^floor(log2 |y_k|)`` (and ``u 2^e_min``
+    below the normal range), which is ``h_k = h(x_k)`` while ``|y_k|`` stays below the next power
+    of two ``T_k`` and at most ``u |y_k| <= u (|x_k| + |y_k - x_k|)`` once it reaches it, at a cost
+    ``|y_k - x_k| >= g_k = T_k - |x_k|``. With S the components that reach it,
+    ``sum_k h(y_k)^2 <= ||h||^2 + sum_{k in S} (u^2 x_k^2 - h_k^2) + 2 u^2 ||x|| drift + u^2 drift^2``
+    (Minkowski on S; ``||x||`` there is replaced by sqrt of the bound below on ``sum_S u^2 x_k^2``),
+    and each sum over S is at most the fractional knapsack of values ``u^2 x_k^2 - h_k^2`` (or
+    ``u^2 x_k^2``), weights ``g_k^2``, capacity ``drift^2``. Binades are taken at
+    ``|x_k| + 2^-30 ||x||``, which covers the float64 evaluation of the exact trajectory.
+    """
+    nx = torch.linalg.vector_norm(x, dim=-1)
+    plain = u * (nx + drift)
+    if u <= 0:
+        return plain
+    emin = math.log2(torch.finfo(dtype).tiny)
+    ax = x.abs() + 2.0**-30 * nx.unsqueeze(-1)
+    ax = ax.clamp_min(2.0**emin)
+    e = torch.floor(torch.log2(ax))
+    e = e + (torch.exp2(e + 1) <= ax).to(e.dtype) - (torch.exp2(e) > ax).to(e.dtype)  # log2's own rounding
+    e = e.clamp_min(emin)
+    h = u * torch.exp2(e)
+    gap = torch.exp2(e + 1) - ax
+    value = (u * ax) ** 2 - h**2
+    # fractional knapsack: best value per weight first; the last item taken in part
+    gained = _fractional_knapsack(value, gap**2, drift**2)
+    reached = _fractional_knapsack((u * ax) ** 2, gap**2, drift**2)  # sum over S of u^2 x_k^2
+    spacing = torch.sqrt((h**2).sum(-1) + gained + 2 * u * drift * reached.sqrt() + (u * drift) ** 2)
+    return torch.minimum(plain, spacing)
+
+
+def _fractional_knapsack(value: torch.Tensor, weight: torch.Tensor, capacity: torch.Tensor) -> torch.Tensor:
+    """``max sum_k f_k value_k`` over ``0 <= f_k <= 1``, ``sum_k f_k weight_k <= capacity`` (weights
+    > 0): an upper bound on any subset's total value within the capacity. Last axis = items."""
+    order = torch.argsort(value / weight, dim=-1, descending=True)
+    v, w = value.gather(-1, order), weight.gather(-1, order)
+    taken = torch.cumsum(w, -1) - w  # weight before each item
+    room = (capacity.unsqueeze(-1) - taken).clamp_min(0.0)
+    return (v * torch.clamp(room / w, max=1.0)).sum(-1)
+
+
+def propagated_norm_bound(resp: dict, norms: dict, gain: Optional[dict] = None) -> torch.Tensor:
+    """A bound on ``||sum_n T_n w_n||_2`` over all vectors ``w_n`` with ``||w_n|| <= e_n``, where the
+    ``T_n`` are diagonal in one orthonormal basis with entries ``t_{n,k}`` (here ``tau_{i,j} m_ch,j``
+    on A's eigenvalues, n = (j, channel)).
+
+    resp: per channel ``|t|`` of shape ``(n, *batch, D)``; norms: per channel ``e`` ``(n, *batch)``;
+    gain: ``max_k |t|`` if already formed. Returns ``sqrt(S_1 S_2)`` with
+    ``S_1 = max_k sum_n |t_{n,k}| e_n`` and ``S_2 = sum_n e_n max_k |t_{n,k}|``: by Cauchy-Schwarz
+    with weights e_n, ``(sum_n |t_{n,k}| |w_{n,k}|)^2 <= (sum_n |t_{n,k}| e_n)(sum_n |t_{n,k}| w_{n,k}^2 / e_n)``;
+    summed over k, ``<= S_1 sum_n max_k|t_{n,k}| ||w_n||^2 / e_n <= S_1 S_2``. Never above S_2 (the
+    sum of per-step maxima) since ``S_1 <= S_2``, and never below the worst case by more than
+    ``sqrt(S_2 / S_1)``: all w_n along the eigenvector that attains S_1 reach S_1 exactly.
+    """
+    s1, s2 = None, None
+    for ch, t in resp.items():
+        e = norms[ch]
+        g = t.amax(-1) if gain is None else gain[ch]
+        part1 = (t * e.unsqueeze(-1)).sum(0)
+        part2 = (g * e).sum(0)
+        s1 = part1 if s1 is None else s1 + part1
+        s2 = part2 if s2 is None else s2 + part2
+    return torch.sqrt(s1.amax(-1) * s2)
 
 
 @dataclass
@@ -311,4 +391,5 @@ def fro_error(D: int, contract) -> float:
 
 
 __all__ = ["CGBound", "LINEAR_METHODS", "LinearRun", "SAFETY", "arith_of", "as_contract", "cg_bound", "fro_error", "gamma",
-           "linear_bound"]
+           "linear_bound",
+           "propagated_norm_bound", "store_error_bound"]
