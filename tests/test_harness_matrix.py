@@ -135,7 +135,7 @@ def test_fair_pairing_prepare_hook():
 
 def test_bounds_at_gka_setting_are_non_vacuous():
     """GKA's ridge form at a = 0.02 (kappa <= 51), r = 30, D = 128, bf16 inputs: bound / ||x||
-    (docs/harness.md, "Non-vacuity": 1.5% for bf16 operands, 6.9% for bf16 storage)."""
+    (docs/harness.md, "Non-vacuity": 1.4% for bf16 operands, 5.6-6.0% for bf16 storage)."""
     from analysis.contract_bounds import linear_bound
 
     case = harness.gka_ridge_case(128, (2,), a=0.02, iters=30, kappa_h=1e4, seed=0)
@@ -146,7 +146,7 @@ def test_bounds_at_gka_setting_are_non_vacuous():
            for c in ("float32", "bfloat16/operands", "bfloat16/storage")}
     assert rel["float32"] < 1e-3, rel
     assert rel["bfloat16/operands"] <= 0.05, rel  # the 5% target
-    assert rel["bfloat16/storage"] < 0.075, rel  # 6.9%: misses 5% (docs/harness.md says why)
+    assert rel["bfloat16/storage"] < 0.061, rel  # 5.6-6.0%: misses 5% (docs/harness.md says why)
 
 
 def omega0_impl():
