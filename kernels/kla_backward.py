@@ -259,6 +259,11 @@ def _block_v(DV: int) -> int:
     return launch.block(DV) if launch.interpreting() else min(32, launch.block(DV))
 
 
+def _warps(BK: int) -> int:
+    """Warps per program of the adjoint kernels: 8 at d_k = 128 on a GPU, else 4."""
+    return 8 if BK >= 128 and not launch.interpreting() else 4
+
+
 def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     """Run both kernels. ``ops`` = :func:`chunk_operands`' outputs (detached, contiguous);
     v, do ``(N, T, H, d_v)``; h0, dht ``(N, H, d_k, d_v)`` or None. Returns ``dv (float32),
@@ -269,7 +274,7 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     N, T, H, DV = v.shape
     NH, NT, C, DK = Kg.shape
     BK, BV = launch.block(DK), _block_v(DV)
-    warps = 8 if BK >= 128 and not launch.interpreting() else 4
+    warps = _warps(BK)
     # num_stages=1: no software pipelining of the chunk loops. Not yet validated on a GPU:
     # the first H200 run (Triton 3.6) faulted with an illegal memory access in the backward
     # at d_k = 128 (docs/validation.md); prefetching past the last chunk is one suspect.
