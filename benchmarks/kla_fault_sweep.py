@@ -71,7 +71,7 @@ def _dev(torch):
 
 def _sync(torch):
     if torch.cuda.is_available():
-        _sync(torch)
+        torch.cuda.synchronize()
 
 
 def _inputs(c, torch, requires_grad=False):
@@ -276,6 +276,7 @@ def main():
     ap.add_argument("--case-timeout", type=float, default=120.0)
     ap.add_argument("--post-budget", type=float, default=80.0, help="seconds for --variants and --sanitize")
     ap.add_argument("--kinds", default="harness,fwd,bwd")
+    ap.add_argument("--cases", default=None, help="a JSON list of cases to run instead of the sweep")
     ap.add_argument("--variants", action="store_true")
     ap.add_argument("--sanitize", action="store_true")
     a = ap.parse_args()
@@ -283,7 +284,7 @@ def main():
         worker(json.loads(a.worker))
         return
     kinds = set(a.kinds.split(","))
-    cases = [c for c in sweep_cases() if c["kind"] in kinds]
+    cases = json.loads(a.cases) if a.cases else [c for c in sweep_cases() if c["kind"] in kinds]
     t0 = time.time()
     results = run_parallel(cases, a.workers, a.case_timeout, t0 + a.budget)
     lines = [f"# sweep: {len(cases)} cases in {time.time() - t0:.0f} s"] + table(cases, results)

@@ -60,7 +60,7 @@ import triton.language as tl
 from solvers.kla import broadcast_gate
 
 from . import _launch as launch
-from .kla import CHUNK_SIZES, PRECISIONS, kla_chunkwise, mm
+from .kla import CHUNK_SIZES, PRECISIONS, RUNTIME_LENGTHS, kla_chunkwise, mm
 
 
 # ----------------------------------------------------------------------------- operands
@@ -164,7 +164,7 @@ def _program(H, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.cons
     return pid, i_v, i_nh, i_nh // H, i_nh % H, tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_LENGTHS)
 def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
                   DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                   HAS_H0: tl.constexpr, PREC: tl.constexpr):
@@ -191,7 +191,7 @@ def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
         S = tl.load(p_gC + i_c) * S + mm(KrT, U, PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_LENGTHS)
 def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
                    p_dv, p_dh0, p_dQg, p_dKg, p_dKr, p_dX, p_dPh, p_dgC, p_scr, T, H, NT, NH,
                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
@@ -419,14 +419,13 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
     ``(..., T, H)`` or floats) and initial_state.
 
-    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`),
-    ``"triton"`` in the Triton kernels; the default is "triton" under the interpreter and
-    "torch" on a CUDA device, where the Triton kernels have not passed a GPU run yet
-    (docs/validation.md, "KLA/GDN backward on the GPU");
+    ``adjoint="triton"`` (default) runs the recurrence in the Triton kernels, ``"torch"`` in
+    plain torch (:func:`chunk_adjoint_torch`, the specification the kernels are tested
+    against; docs/validation.md, "KLA/GDN backward on the GPU");
     ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
     wrong, to show that a gradient check catches it."""
     if adjoint is None:
-        adjoint = "torch" if isinstance(q, torch.Tensor) and q.is_cuda else "triton"
+        adjoint = "triton"
     if adjoint not in ("triton", "torch"):
         raise ValueError(f"adjoint must be 'triton' or 'torch', got {adjoint!r}")
     if broken_variant is not None and broken_variant not in BROKEN_VARIANTS:

@@ -340,6 +340,32 @@ def test_gpu_per_channel_decay_within_bound(dtype, precision):
     assert r <= 1.0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_k,d_v,T,C", [(128, 128, 1, 64), (128, 64, 5, 64), (128, 128, 63, 64), (128, 64, 64, 64),
+                                         (16, 16, 1, 64), (32, 32, 63, 64), (16, 32, 5, 16), (128, 128, 65, 64)])
+def test_gpu_single_chunk_sequences_within_bound(d_k, d_v, T, C):
+    # Regression: a sequence of one chunk (T <= C) once compiled to its own binary (NT == 1
+    # specialised), which faulted with an illegal memory access on an H200 at d_k = 128, C = 64
+    # in bfloat16 (benchmarks/kla_fault_sweep.py). bound: kla_kernel_bound(model) +
+    # kla_chunkwise_bound(float32) + u(out) ||o||
+    case = kla_case(T, B=1, H=1, d_k=d_k, d_v=d_v, alpha=(0.5, 1.0), chunk_size=C, seed=T + d_k)
+    r = excess(case, torch.bfloat16, "bf16")
+    print(f"kla_chunkwise T={T} d_k={d_k} d_v={d_v} C={C} bf16: worst error/bound {r:.3g}")
+    assert r <= 1.0
+
+
+def test_lengths_are_not_specialised():
+    # One binary for every sequence length: the single-chunk specialisation faulted on the GPU
+    # (see the test above), so T and NT must stay runtime arguments of the chunk loops.
+    from kernels import kla_backward
+
+    for fn in (kla_mod.prepare_kernel, kla_mod.recurrence_kernel, kla_backward.states_kernel,
+               kla_backward.adjoint_kernel):
+        names = fn.kwargs["do_not_specialize"] if hasattr(fn, "kwargs") else fn.do_not_specialize  # interpreter / GPU
+        unspecialised = {fn.arg_names[i] if isinstance(i, int) else i for i in names}
+        assert {"T", "NT"} <= unspecialised, fn.__name__
+
+
 # ----------------------------------------------------------------------------- checks read later
 
 

@@ -11,7 +11,8 @@ import torch
 from kernel_support import DEVICE, ON_GPU, needs_triton_device
 
 from kernels import harness, kla_chunkwise, kla_chunkwise_trainable
-from kernels.harness_gradients import inconclusive, kla_backward, kla_kernel_gradients, reference_gradients, with_gate_dtype
+from kernels.harness_gradients import (inconclusive, kla_backward, kla_kernel_gradients, kla_kernel_variant,
+                                      reference_gradients, with_gate_dtype)
 
 pytestmark = needs_triton_device
 MODELS = {"float32": ("float32", None), "bfloat16": ("bfloat16/storage", torch.bfloat16)}
@@ -38,6 +39,19 @@ def test_backward_within_the_adjoint_bound_gpu(precision):
     rep = _report(precision, examples=40, chunk_size=64, max_T=300, dims=(64, 128))
     assert rep.passed, str(rep)
     assert len(inconclusive(rep)) < len(rep.history)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", sorted(MODELS))
+def test_triton_adjoint_at_the_sizes_that_faulted_gpu(precision):
+    # Regression: the Triton adjoint faulted on an H200 at (T, d_k, d_v) = (133, 128, 64) and the
+    # forward at one chunk with d_k = 128 (docs/validation.md, "KLA/GDN backward on the GPU").
+    # Every gradient within adjoint_bounds (kernel + reference), as the CPU test above.
+    model, gate_dtype = MODELS[precision]
+    strat = kla_backward(gate_dtype=gate_dtype, device=DEVICE, chunk_size=64, max_T=133, dims=(64, 128))
+    rep = harness.check(kla_kernel_variant(adjoint="triton"), with_gate_dtype(reference_gradients, gate_dtype), strat, precision=precision, model=model,
+                        examples=8, device=DEVICE)
+    assert rep.passed, str(rep)
 
 
 def _inputs(dtype=torch.float32, T=21, per_channel=False):
