@@ -33,6 +33,9 @@ DIMS = (16, 32, 64, 128)
 LENGTHS = (1, 5, 63, 64, 65, 133)
 CHUNKS = (16, 32, 64)
 DTYPES = ("bfloat16", "float32")
+# A screen, not a bound (the tests hold the kernels to their bounds): correct bf16 results
+# differ from the references by about 1e-2 relative; a miscompiled kernel differed by O(1).
+WRONG = 0.1
 
 
 def sweep_cases():
@@ -245,7 +248,9 @@ def status(r):
             if r["error"].startswith(word):
                 return word
         return "FAULT" if "illegal" in r["error"] else "ERROR"
-    return "ok" if r.get("ok") else "NONFINITE"
+    if not r.get("ok"):
+        return "NONFINITE"
+    return "WRONG" if r.get("rel_diff_vs_torch", 0.0) > WRONG or r.get("rel_err", 0.0) > WRONG else "ok"
 
 
 def table(cases, results):
@@ -290,7 +295,7 @@ def main():
     lines = [f"# sweep: {len(cases)} cases in {time.time() - t0:.0f} s"] + table(cases, results)
     faults = {}
     for c, r in zip(cases, results):
-        if status(r) in ("FAULT", "HANG", "ERROR", "NONFINITE") and c["kind"] not in faults:
+        if status(r) in ("FAULT", "HANG", "ERROR", "NONFINITE", "WRONG") and c["kind"] not in faults:
             faults[c["kind"]] = c
     counts = {}
     for c, r in zip(cases, results):

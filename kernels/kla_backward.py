@@ -275,9 +275,8 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     NH, NT, C, DK = Kg.shape
     BK, BV = launch.block(DK), _block_v(DV)
     warps = _warps(BK)
-    # num_stages=1: no software pipelining of the chunk loops. Not yet validated on a GPU:
-    # the first H200 run (Triton 3.6) faulted with an illegal memory access in the backward
-    # at d_k = 128 (docs/validation.md); prefetching past the last chunk is one suspect.
+    # num_stages=1: no software pipelining of the chunk loops. The H200 faults at d_k = 128
+    # were not pipelining: they are C = 64 wgmma products (see _wgmma_miscompiled).
     NV = triton.cdiv(DV, BV)
     dev = v.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -411,6 +410,17 @@ def _break(variant, dk, dalpha, deta, k, alpha, dKr, opts):
     raise ValueError(f"variant must be one of {tuple(BROKEN_VARIANTS)}, got {variant!r}")
 
 
+def _wgmma_miscompiled(device, chunk_size: int, prec: str) -> bool:
+    """The Triton adjoint is known to be miscompiled for this device and configuration: a
+    Hopper GPU (compute capability 9.x, where 64-row chunk products become wgmma
+    instructions), C = 64 and tensor-core operands. Measured on an H200 with Triton 3.6
+    (benchmarks/kla_fault_sweep.py): at C = 64 in bf16, 8 of the 9 cases reached faulted or gave
+    gradients off by O(1); at C = 16 and 32 (mma.sync products) every case, bf16 and float32,
+    was correct. float32 ("ieee": CUDA-core products) at C = 64 was not reached."""
+    return (device.type == "cuda" and chunk_size == 64 and prec != "ieee"
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
 def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
                             coefficient: str = "kaczmarz", normalize_queries: bool = True, input_precision=None,
                             adjoint=None, broken_variant=None):
@@ -419,13 +429,17 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
     ``(..., T, H)`` or floats) and initial_state.
 
-    ``adjoint="triton"`` (default) runs the recurrence in the Triton kernels, ``"torch"`` in
-    plain torch (:func:`chunk_adjoint_torch`, the specification the kernels are tested
-    against; docs/validation.md, "KLA/GDN backward on the GPU");
+    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`, the
+    specification the kernels are tested against), ``"triton"`` in the Triton kernels; the
+    default is "triton" under the interpreter and "torch" on a CUDA device. On a Hopper GPU
+    (compute capability 9.x) the Triton adjoint is refused at ``chunk_size=64`` with tensor-core
+    products (``input_precision`` other than "ieee"): Triton 3.6 miscompiles it there -- illegal
+    memory accesses and wrong gradients on an H200 -- while chunk sizes 16 and 32 were correct
+    (docs/validation.md, "KLA/GDN backward on the GPU");
     ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
     wrong, to show that a gradient check catches it."""
     if adjoint is None:
-        adjoint = "triton"
+        adjoint = "torch" if isinstance(q, torch.Tensor) and q.is_cuda else "triton"
     if adjoint not in ("triton", "torch"):
         raise ValueError(f"adjoint must be 'triton' or 'torch', got {adjoint!r}")
     if broken_variant is not None and broken_variant not in BROKEN_VARIANTS:
@@ -451,6 +465,12 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
     prec = input_precision if input_precision is not None else ("bf16" if q.dtype == torch.bfloat16 else "ieee")
     if prec not in PRECISIONS:
         raise ValueError(f"input_precision must be one of {tuple(PRECISIONS)} or None, got {input_precision!r}")
+    if adjoint == "triton" and _wgmma_miscompiled(q.device, chunk_size, prec):
+        name = torch.cuda.get_device_name(q.device) if q.is_cuda else str(q.device)
+        raise ValueError(f"adjoint='triton' is refused on {name} at chunk_size=64 with "
+                         f"input_precision={prec!r}: the Triton adjoint kernels are miscompiled there (illegal memory "
+                         "accesses and wrong gradients on an H200 with Triton 3.6; docs/validation.md). Pass "
+                         "adjoint='torch' (the CUDA default), chunk_size=16 or 32, or input_precision='ieee'")
     opts = dict(eps=eps, chunk_size=chunk_size, coefficient=coefficient, normalize_queries=normalize_queries,
                 input_precision=prec)
     back = dict(adjoint=adjoint, variant=broken_variant)
