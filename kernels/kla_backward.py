@@ -412,11 +412,11 @@ def _break(variant, dk, dalpha, deta, k, alpha, dKr, opts):
 
 def _wgmma_miscompiled(device, chunk_size: int, prec: str) -> bool:
     """The Triton adjoint is known to be miscompiled for this device and configuration: a
-    Hopper GPU (compute capability 9.x, where 64-row chunk products become wgmma
-    instructions), C = 64 and tensor-core operands. Measured on an H200 with Triton 3.6
+    Hopper GPU (compute capability 9.x), C = 64 (every chunk product a wgmma instruction; at
+    C = 32 nearly all are mma.sync) and tensor-core operands. Measured on an H200 with Triton 3.6
     (benchmarks/kla_fault_sweep.py): at C = 64 in bf16, 8 of the 9 cases reached faulted or gave
-    gradients off by O(1); at C = 16 and 32 (mma.sync products) every case, bf16 and float32,
-    was correct. float32 ("ieee": CUDA-core products) at C = 64 was not reached."""
+    gradients off by O(1); at C = 16 and 32 every case, bf16 and float32, was correct.
+    float32 ("ieee": CUDA-core products) at C = 64 was not reached."""
     return (device.type == "cuda" and chunk_size == 64 and prec != "ieee"
             and torch.cuda.get_device_capability(device)[0] == 9)
 
@@ -470,7 +470,7 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
         raise ValueError(f"adjoint='triton' is refused on {name} at chunk_size=64 with "
                          f"input_precision={prec!r}: the Triton adjoint kernels are miscompiled there (illegal memory "
                          "accesses and wrong gradients on an H200 with Triton 3.6; docs/validation.md). Pass "
-                         "adjoint='torch' (the CUDA default), chunk_size=16 or 32, or input_precision='ieee'")
+                         "adjoint='torch' (the CUDA default), or chunk_size=16 or 32")
     opts = dict(eps=eps, chunk_size=chunk_size, coefficient=coefficient, normalize_queries=normalize_queries,
                 input_precision=prec)
     back = dict(adjoint=adjoint, variant=broken_variant)
