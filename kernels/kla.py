@@ -74,6 +74,12 @@ PRECISIONS = {"ieee": 0, "tf32x3": 1, "tf32": 2, "bf16": 3}
 CHUNK_SIZES = (16, 32, 64)
 COEFFICIENTS = ("kaczmarz", "gdn")
 SUB: tl.constexpr = tl.constexpr(16)  # edge of the diagonal blocks inverted by substitution
+# Sequence lengths and chunk counts are never specialised on: Triton turns an integer argument
+# equal to 1 into a constant, so a sequence of one chunk (T <= C) would get its own binary with
+# the chunk loop removed -- and on an H200 with Triton 3.6 that binary of the forward faulted
+# with an illegal memory access at d_k = 128, C = 64 in bfloat16 (docs/validation.md, "KLA/GDN
+# backward on the GPU"), while the looping binary runs every T. One binary serves every length.
+RUNTIME_LENGTHS = ["T", "NT"]
 
 
 @triton.jit
@@ -223,7 +229,7 @@ def sq_norms(K):
     return tl.sum(Kf * Kf, axis=1)
 
 
-@triton.jit(do_not_specialize=["grid_size"])
+@triton.jit(do_not_specialize=["grid_size", *RUNTIME_LENGTHS])
 def prepare_kernel(
     p_q, p_k, p_g, p_eta, p_A, p_P, p_scr, T, Tp, H, NT, eps, start, grid_size,
     DK: tl.constexpr, BK: tl.constexpr, BKS: tl.constexpr, C: tl.constexpr, NB: tl.constexpr,
@@ -426,7 +432,7 @@ def finite_flag(p_flag, i_row, i_v, value, NV: tl.constexpr):
     tl.store(p_flag + i_row * 8 + o8, tl.where(mine, value, 0.0), mask=mine | absent)
 
 
-@triton.jit(do_not_specialize=["grid_size"])
+@triton.jit(do_not_specialize=["grid_size", *RUNTIME_LENGTHS])
 def recurrence_kernel(
     p_q, p_k, p_v, p_g, p_A, p_P, p_h0, p_o, p_ht, p_flag, T, Tp, H, NT, grid_size, nh_start,
     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,

@@ -60,7 +60,7 @@ import triton.language as tl
 from solvers.kla import broadcast_gate
 
 from . import _launch as launch
-from .kla import CHUNK_SIZES, PRECISIONS, kla_chunkwise, mm
+from .kla import CHUNK_SIZES, PRECISIONS, RUNTIME_LENGTHS, kla_chunkwise, mm
 
 
 # ----------------------------------------------------------------------------- operands
@@ -164,7 +164,7 @@ def _program(H, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.cons
     return pid, i_v, i_nh, i_nh // H, i_nh % H, tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, C)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_LENGTHS)
 def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
                   DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
                   HAS_H0: tl.constexpr, PREC: tl.constexpr):
@@ -191,7 +191,7 @@ def states_kernel(p_Kg, p_Kr, p_X, p_v, p_gC, p_h0, p_S, T, H, NT,
         S = tl.load(p_gC + i_c) * S + mm(KrT, U, PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_LENGTHS)
 def adjoint_kernel(p_Qg, p_Kg, p_Kr, p_X, p_Ph, p_v, p_gC, p_S, p_do, p_dht,
                    p_dv, p_dh0, p_dQg, p_dKg, p_dKr, p_dX, p_dPh, p_dgC, p_scr, T, H, NT, NH,
                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr,
@@ -259,6 +259,11 @@ def _block_v(DV: int) -> int:
     return launch.block(DV) if launch.interpreting() else min(32, launch.block(DV))
 
 
+def _warps(BK: int) -> int:
+    """Warps per program of the adjoint kernels: 8 at d_k = 128 on a GPU, else 4."""
+    return 8 if BK >= 128 and not launch.interpreting() else 4
+
+
 def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     """Run both kernels. ``ops`` = :func:`chunk_operands`' outputs (detached, contiguous);
     v, do ``(N, T, H, d_v)``; h0, dht ``(N, H, d_k, d_v)`` or None. Returns ``dv (float32),
@@ -269,10 +274,9 @@ def chunk_adjoint(ops, v, h0, do, dht, *, chunk_size: int, prec: str):
     N, T, H, DV = v.shape
     NH, NT, C, DK = Kg.shape
     BK, BV = launch.block(DK), _block_v(DV)
-    warps = 8 if BK >= 128 and not launch.interpreting() else 4
-    # num_stages=1: no software pipelining of the chunk loops. Not yet validated on a GPU:
-    # the first H200 run (Triton 3.6) faulted with an illegal memory access in the backward
-    # at d_k = 128 (docs/validation.md); prefetching past the last chunk is one suspect.
+    warps = _warps(BK)
+    # num_stages=1: no software pipelining of the chunk loops. The H200 faults at d_k = 128
+    # were not pipelining: they are C = 64 wgmma products (see _wgmma_miscompiled).
     NV = triton.cdiv(DV, BV)
     dev = v.device
     f32 = dict(dtype=torch.float32, device=dev)
@@ -406,6 +410,17 @@ def _break(variant, dk, dalpha, deta, k, alpha, dKr, opts):
     raise ValueError(f"variant must be one of {tuple(BROKEN_VARIANTS)}, got {variant!r}")
 
 
+def _wgmma_miscompiled(device, chunk_size: int, prec: str) -> bool:
+    """The Triton adjoint is known to be miscompiled for this device and configuration: a
+    Hopper GPU (compute capability 9.x), C = 64 (every chunk product a wgmma instruction; at
+    C = 32 nearly all are mma.sync) and tensor-core operands. Measured on an H200 with Triton 3.6
+    (benchmarks/kla_fault_sweep.py): at C = 64 in bf16, 8 of the 9 cases reached faulted or gave
+    gradients off by O(1); at C = 16 and 32 every case, bf16 and float32, was correct.
+    float32 ("ieee": CUDA-core products) at C = 64 was not reached."""
+    return (device.type == "cuda" and chunk_size == 64 and prec != "ieee"
+            and torch.cuda.get_device_capability(device)[0] == 9)
+
+
 def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_size: int = 64, initial_state=None,
                             coefficient: str = "kaczmarz", normalize_queries: bool = True, input_precision=None,
                             adjoint=None, broken_variant=None):
@@ -414,9 +429,12 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
     ``(..., T, H)`` or floats) and initial_state.
 
-    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`),
-    ``"triton"`` in the Triton kernels; the default is "triton" under the interpreter and
-    "torch" on a CUDA device, where the Triton kernels have not passed a GPU run yet
+    ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`, the
+    specification the kernels are tested against), ``"triton"`` in the Triton kernels; the
+    default is "triton" under the interpreter and "torch" on a CUDA device. On a Hopper GPU
+    (compute capability 9.x) the Triton adjoint is refused at ``chunk_size=64`` with tensor-core
+    products (``input_precision`` other than "ieee"): Triton 3.6 miscompiles it there -- illegal
+    memory accesses and wrong gradients on an H200 -- while chunk sizes 16 and 32 were correct
     (docs/validation.md, "KLA/GDN backward on the GPU");
     ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
     wrong, to show that a gradient check catches it."""
@@ -447,6 +465,12 @@ def kla_chunkwise_trainable(q, k, v, *, alpha, eta, eps: float = 1e-6, chunk_siz
     prec = input_precision if input_precision is not None else ("bf16" if q.dtype == torch.bfloat16 else "ieee")
     if prec not in PRECISIONS:
         raise ValueError(f"input_precision must be one of {tuple(PRECISIONS)} or None, got {input_precision!r}")
+    if adjoint == "triton" and _wgmma_miscompiled(q.device, chunk_size, prec):
+        name = torch.cuda.get_device_name(q.device) if q.is_cuda else str(q.device)
+        raise ValueError(f"adjoint='triton' is refused on {name} at chunk_size=64 with "
+                         f"input_precision={prec!r}: the Triton adjoint kernels are miscompiled there (illegal memory "
+                         "accesses and wrong gradients on an H200 with Triton 3.6; docs/validation.md). Pass "
+                         "adjoint='torch' (the CUDA default), or chunk_size=16 or 32")
     opts = dict(eps=eps, chunk_size=chunk_size, coefficient=coefficient, normalize_queries=normalize_queries,
                 input_precision=prec)
     back = dict(adjoint=adjoint, variant=broken_variant)

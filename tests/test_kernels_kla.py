@@ -11,13 +11,14 @@ final state is within its bound):
   ``u(out) ||kernel output||`` for the stored result's rounding (as kernels.harness).
 """
 
+import contextlib
 import math
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa: F401
+from kernel_support import DEVICE, ON_GPU, needs_triton_device, poisoned_outputs  # noqa: F401
 
 import kernels
 import solvers
@@ -338,6 +339,101 @@ def test_gpu_per_channel_decay_within_bound(dtype, precision):
     r = excess(case, dtype, precision)
     print(f"kla_chunkwise per-channel T=512 d_k=128 d_v=64 {dtype} {precision}: worst error/bound {r:.3g}")
     assert r <= 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_k,d_v,T,C", [(128, 128, 1, 64), (128, 64, 5, 64), (128, 128, 63, 64), (128, 64, 64, 64),
+                                         (16, 16, 1, 64), (32, 32, 63, 64), (16, 32, 5, 16), (128, 128, 65, 64)])
+def test_gpu_single_chunk_sequences_within_bound(d_k, d_v, T, C):
+    # Regression: a sequence of one chunk (T <= C) once compiled to its own binary (NT == 1
+    # specialised), which faulted with an illegal memory access on an H200 at d_k = 128, C = 64
+    # in bfloat16 (benchmarks/kla_fault_sweep.py). bound: kla_kernel_bound(model) +
+    # kla_chunkwise_bound(float32) + u(out) ||o||
+    case = kla_case(T, B=1, H=1, d_k=d_k, d_v=d_v, alpha=(0.5, 1.0), chunk_size=C, seed=T + d_k)
+    r = excess(case, torch.bfloat16, "bf16")
+    print(f"kla_chunkwise T={T} d_k={d_k} d_v={d_v} C={C} bf16: worst error/bound {r:.3g}")
+    assert r <= 1.0
+
+
+@contextlib.contextmanager
+def checked_pointers():
+    """Under Triton's interpreter, record every ``tl.load`` / ``tl.store`` whose mask is on
+    and whose bytes are not all inside one tensor argument of the running kernel (the
+    interpreter reads such addresses silently). Yields the list of violations."""
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    ranges, bad = [], []
+    init, load, store = (interp.GridExecutor._init_args_hst, interp.InterpreterBuilder.create_masked_load,
+                         interp.InterpreterBuilder.create_masked_store)
+
+    def record_args(self, args_dev, kwargs):
+        args, kw = init(self, args_dev, kwargs)
+        ranges[:] = [(t.untyped_storage().data_ptr(), t.untyped_storage().data_ptr() + t.untyped_storage().nbytes())
+                     for t in [*args, *kw.values()] if isinstance(t, torch.Tensor)]
+        return args, kw
+
+    def check(what, ptrs, mask):
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        addr = np.broadcast_to(ptrs.data, np.shape(mask.data))[np.asarray(mask.data, dtype=bool)].astype(np.int64)
+        inside = np.zeros(addr.shape, dtype=bool)
+        for lo, hi in ranges:
+            inside |= (addr >= lo) & (addr + size <= hi)
+        if not inside.all():
+            bad.append((what, int((~inside).sum())))
+
+    def checked_load(self, ptrs, mask, other, *a):
+        check("load", ptrs, mask)
+        return load(self, ptrs, mask, other, *a)
+
+    def checked_store(self, ptrs, value, mask, *a):
+        check("store", ptrs, mask)
+        return store(self, ptrs, value, mask, *a)
+
+    patches = [(interp.GridExecutor, "_init_args_hst", record_args),
+               (interp.InterpreterBuilder, "create_masked_load", checked_load),
+               (interp.InterpreterBuilder, "create_masked_store", checked_store)]
+    with pytest.MonkeyPatch.context() as mp:
+        for owner, name, fn in patches:
+            mp.setattr(owner, name, fn)
+        yield bad
+
+
+@pytest.mark.skipif(ON_GPU or not _launch.interpreting(), reason="checks the interpreter's pointers")
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")  # the planted overrun reads bytes that are no floats
+def test_loads_and_stores_stay_inside_the_arguments():
+    # The forward and the Triton adjoint address only their arguments' bytes at one partial
+    # chunk, one full chunk and several chunks, d below, at and above a block edge (the H200
+    # faults were miscompiled binaries, not such accesses: docs/validation.md). The checker
+    # catches a planted overrun: the same kernel with T one larger than its tensors.
+    g = torch.Generator().manual_seed(5)
+    for T, d_k, d_v, C in ((1, 128, 64, 64), (5, 16, 24, 16), (37, 20, 16, 16)):
+        q, k = (torch.randn(1, T, 2, d_k, generator=g) for _ in range(2))
+        v = torch.randn(1, T, 2, d_v, generator=g).requires_grad_(True)
+        alpha, eta = 0.5 + 0.5 * torch.rand(1, T, 2, generator=g), torch.rand(1, T, 2, generator=g)
+        with checked_pointers() as bad:
+            o, S = kernels.kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=C, adjoint="triton")
+            (o.sum() + S.sum()).backward()
+        assert bad == [], (T, d_k, d_v, C, bad)
+    q, k, v = (torch.randn(1, 3, 1, 16, generator=g) for _ in range(3))
+    g_, eta32, _ = kla_mod.gate_tensors(0.9, 0.5, (1, 3, 1, 16), 16, False, q.device)
+    with checked_pointers() as bad:  # a kernel told T = 4 over 3 tokens reads past q, k and v
+        o = torch.empty(1, 4, 1, 16)
+        kla_mod._recurrence(q, k, v, g_, torch.zeros(1, 1, 16, 16), torch.zeros(1, 1, 16, 16), None, o, None,
+                            4, 1, 1, 16, 16, 16, 16, False, True, "ieee")
+    assert bad, "the checker missed a planted overrun"
+
+
+def test_lengths_are_not_specialised():
+    # One binary for every sequence length: the single-chunk specialisation faulted on the GPU
+    # (see the test above), so T and NT must stay runtime arguments of the chunk loops.
+    from kernels import kla_backward
+
+    for fn in (kla_mod.prepare_kernel, kla_mod.recurrence_kernel, kla_backward.states_kernel,
+               kla_backward.adjoint_kernel):
+        names = fn.kwargs["do_not_specialize"] if hasattr(fn, "kwargs") else fn.do_not_specialize  # interpreter / GPU
+        unspecialised = {fn.arg_names[i] if isinstance(i, int) else i for i in names}
+        assert {"T", "NT"} <= unspecialised, fn.__name__
 
 
 # ----------------------------------------------------------------------------- checks read later

@@ -11,7 +11,8 @@ import torch
 from kernel_support import DEVICE, ON_GPU, needs_triton_device
 
 from kernels import harness, kla_chunkwise, kla_chunkwise_trainable
-from kernels.harness_gradients import inconclusive, kla_backward, kla_kernel_gradients, reference_gradients, with_gate_dtype
+from kernels.harness_gradients import (inconclusive, kla_backward, kla_kernel_gradients, kla_kernel_variant,
+                                      reference_gradients, with_gate_dtype)
 
 pytestmark = needs_triton_device
 MODELS = {"float32": ("float32", None), "bfloat16": ("bfloat16/storage", torch.bfloat16)}
@@ -38,6 +39,50 @@ def test_backward_within_the_adjoint_bound_gpu(precision):
     rep = _report(precision, examples=40, chunk_size=64, max_T=300, dims=(64, 128))
     assert rep.passed, str(rep)
     assert len(inconclusive(rep)) < len(rep.history)
+
+
+def _adjoint_report(precision, adjoint, chunk_size):
+    """The gradient strategy at the sizes that faulted on an H200: d in {64, 128}, T up to 133."""
+    model, gate_dtype = MODELS[precision]
+    strat = kla_backward(gate_dtype=gate_dtype, device=DEVICE, chunk_size=chunk_size, max_T=133, dims=(64, 128))
+    return harness.check(kla_kernel_variant(adjoint=adjoint), with_gate_dtype(reference_gradients, gate_dtype), strat,
+                         precision=precision, model=model, examples=8, device=DEVICE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", sorted(MODELS))
+def test_adjoints_at_the_sizes_that_faulted_gpu(precision):
+    # Regression (benchmarks/kla_fault_sweep.py on an H200): the Triton adjoint faulted or gave
+    # O(1)-wrong gradients at C = 64 in bf16 (wgmma products); C = 32 was correct. Every gradient
+    # within adjoint_bounds (kernel + reference): the Triton adjoint at C = 32, the default
+    # (torch) adjoint at C = 64.
+    for adjoint, C in (("triton", 32), (None, 64)):
+        rep = _adjoint_report(precision, adjoint, C)
+        assert rep.passed, f"adjoint={adjoint} C={C}: {rep}"
+
+
+@pytest.mark.gpu
+def test_triton_adjoint_refused_where_miscompiled_gpu():
+    q, k, v, alpha, eta = _inputs(torch.bfloat16)
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the refusal is for Hopper GPUs")
+    with pytest.raises(ValueError, match="adjoint='triton' is refused"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=64, adjoint="triton")
+
+
+def test_triton_adjoint_refusal_names_the_argument(monkeypatch):
+    # where the Triton adjoint is known to be miscompiled (kla_backward._wgmma_miscompiled:
+    # Hopper, C = 64, tensor-core products) an explicit adjoint="triton" is a ValueError naming
+    # the argument; the default adjoint is never refused
+    from kernels import kla_backward as kb
+
+    assert not kb._wgmma_miscompiled(torch.device("cpu"), 64, "bf16")
+    monkeypatch.setattr(kb, "_wgmma_miscompiled", lambda device, C, prec: C == 64)
+    q, k, v, alpha, eta = _inputs()
+    with pytest.raises(ValueError, match="adjoint='triton' is refused .* chunk_size=64"):
+        kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=64, adjoint="triton")
+    kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=16, adjoint="triton")
+    kla_chunkwise_trainable(q, k, v, alpha=alpha, eta=eta, chunk_size=64, adjoint="torch")
 
 
 def _inputs(dtype=torch.float32, T=21, per_channel=False):
