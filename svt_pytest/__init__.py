@@ -11,10 +11,11 @@ What it provides (docs/harness.md, "From pytest"):
 * hypothesis profiles ``svt-ci`` (derandomised, no deadline, 12 examples, no example database:
   the same cases on every run), ``svt-thorough`` (400 random examples) and ``svt-dev`` (the
   hypothesis defaults without a deadline), selected with ``HYPOTHESIS_PROFILE=svt-ci`` or
-  ``--hypothesis-profile=svt-ci``; ``ci``, ``thorough`` and ``dev`` are aliases of them unless
-  the project registers profiles of those names itself. Selecting one also pins hypothesis's
-  pool of local constants (``analysis.strategies.reproducible``), so derandomised cases depend
-  on the strategy and seed alone;
+  ``--hypothesis-profile=svt-ci``. Selecting one also pins hypothesis's pool of local constants
+  (``analysis.strategies.reproducible``), so derandomised cases depend on the strategy and seed
+  alone. ``load_profile("ci")`` (``thorough``, ``dev``) loads ours under the short name, for a
+  project that asks for it in its conftest: the plugin never claims those names by itself,
+  since hypothesis has a built-in ``ci`` profile and projects register their own;
 * the ``kernel_harness`` fixture (:class:`KernelHarness`);
 * the markers ``gpu`` (skipped where CUDA is unavailable) and ``slow`` (skipped under the
   ``svt-ci`` profile unless ``SVT_SLOW=1``);
@@ -59,10 +60,12 @@ def register_profiles() -> None:
     # the harness's strategies build float64 matrices and solve them in every draw: slow
     # draws and large data are expected, not a sign of a bad strategy
     suppress = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-    settings.register_profile("svt-ci", derandomize=True, deadline=None, max_examples=12,
+    # on hypothesis's defaults, not on whatever profile is loaded when this runs
+    base = settings.get_profile("default")
+    settings.register_profile("svt-ci", base, derandomize=True, deadline=None, max_examples=12,
                               suppress_health_check=suppress, print_blob=True, database=None)
-    settings.register_profile("svt-thorough", deadline=None, max_examples=400, suppress_health_check=suppress)
-    settings.register_profile("svt-dev", deadline=None, suppress_health_check=suppress)
+    settings.register_profile("svt-thorough", base, deadline=None, max_examples=400, suppress_health_check=suppress)
+    settings.register_profile("svt-dev", base, deadline=None, suppress_health_check=suppress)
 
 
 def is_ours(name: Optional[str]) -> bool:
@@ -71,22 +74,17 @@ def is_ours(name: Optional[str]) -> bool:
 
 def load_profile(name: str) -> str:
     """Load one of our profiles (``svt-ci``, ``svt-thorough``, ``svt-dev``) or an alias
-    (``ci``, ``thorough``, ``dev``) and pin hypothesis's local constants; returns the svt- name.
-
-    An alias already registered by someone else (a project's own ``ci`` profile) is loaded as
-    it is: theirs wins. ValueError naming ``name`` for anything else."""
+    (``ci``, ``thorough``, ``dev``: registered as a copy of ours, replacing any profile of that
+    name) and pin hypothesis's local constants; returns the svt- name. ValueError naming
+    ``name`` for anything else."""
     if not is_ours(name):
         raise ValueError(f"unknown profile {name!r}: expected one of {', '.join(PROFILES + tuple(ALIASES))}")
     from hypothesis import settings
-    from hypothesis.errors import InvalidArgument
 
     register_profiles()
     target = ALIASES.get(name, name)
     if name in ALIASES:
-        try:
-            settings.get_profile(name)
-        except InvalidArgument:  # not the project's own profile of that name: make it ours
-            settings.register_profile(name, settings.get_profile(target))
+        settings.register_profile(name, settings.get_profile(target))
     settings.load_profile(name)
     from analysis.strategies.reproducible import pin_local_constants
 
@@ -118,7 +116,7 @@ def pytest_configure(config):
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     name = _selected_profile(config)
-    if is_ours(name):
+    if name in PROFILES:  # the short aliases only where a project asks (load_profile)
         load_profile(name)
 
 
