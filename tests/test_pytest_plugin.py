@@ -62,7 +62,8 @@ def user(pytester, monkeypatch):
 
 
 def run(pytester, *args):
-    return pytester.runpytest_inprocess("-p", "svt_pytest", "-p", "no:cacheprovider", "-q", *args)
+    # -p svt_pytest: the plugin also where the package is not installed (a no-op where it is)
+    return pytester.runpytest_inprocess("-p", "svt_pytest", "-p", "no:cacheprovider", "-p", "no:benchmark", "-q", *args)
 
 
 def test_three_line_user_test_passes(user):
