@@ -66,24 +66,22 @@ def run(pytester, *args):
     return pytester.runpytest_inprocess("-p", "svt_pytest", "-p", "no:cacheprovider", "-p", "no:benchmark", "-q", *args)
 
 
-def test_three_line_user_test_passes(user):
-    user.makepyfile(test_user='''
-from user_kernels import my_kernel
+# the user's test file: three lines (with small sizes for the CPU)
+THREE_LINE_TEST = '''
+from user_kernels import {kernel}
 
 def test_my_kernel(kernel_harness):
-    kernel_harness.assert_matches(my_kernel, "solvers:chebyshev", strategy="spd", model="float32", max_d=4)
-''')
-    res = run(user)
-    res.assert_outcomes(passed=1)
+    kernel_harness.assert_matches({kernel}, "solvers:chebyshev", strategy="spd", model="float32", max_d=4)
+'''
+
+
+def test_three_line_user_test_passes(user):
+    user.makepyfile(test_user=THREE_LINE_TEST.format(kernel="my_kernel"))
+    run(user).assert_outcomes(passed=1)
 
 
 def test_broken_kernel_fails_with_the_report(user):
-    user.makepyfile(test_user='''
-from user_kernels import broken_kernel
-
-def test_my_kernel(kernel_harness):
-    kernel_harness.assert_matches(broken_kernel, "solvers:chebyshev", strategy="spd", model="float32", max_d=4)
-''')
+    user.makepyfile(test_user=THREE_LINE_TEST.format(kernel="broken_kernel"))
     res = run(user)
     res.assert_outcomes(failed=1)
     res.stdout.fnmatch_lines(["*user_kernels.broken_kernel vs solvers.chebyshev.chebyshev | strategy spd*",
