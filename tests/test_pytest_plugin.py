@@ -202,3 +202,23 @@ def test_loading_the_plugin_imports_neither_torch_nor_triton_nor_hypothesis():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_triton_kernel_through_the_fixture(kernel_harness):
+    # the project's own use: under TRITON_INTERPRET=1 on a CPU (scripts/test.sh), skipped without it
+    rep = kernel_harness.assert_matches(kernels.chebyshev, "solvers:chebyshev", strategy="spd", model="float32",
+                                        max_d=8, max_batch=2, examples=4)
+    assert rep.verdict == harness.PASS and rep.examples == 4
+
+
+def test_the_entry_point_names_the_plugin():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        meta = tomllib.load(f)
+    assert meta["project"]["entry-points"]["pytest11"] == {"svt_pytest": "svt_pytest"}
+    assert any(p.startswith("svt_pytest") for p in meta["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert callable(svt_pytest.kernel_harness) and "gpu" in " ".join(svt_pytest.MARKERS)
