@@ -1,34 +1,29 @@
-"""Shared pytest set-up: hypothesis profiles and NaN-poisoned allocation for kernel tests.
+"""The project's own pytest set-up; the rest comes from the toolkit's plugin (svt_pytest).
 
-Profiles (select with HYPOTHESIS_PROFILE): ``ci`` — deterministic (derandomised), no
-deadline, few examples, what scripts/test.sh uses; ``thorough`` — many random examples for
-local runs; ``dev`` (default) — the hypothesis defaults without a deadline.
+The plugin registers the hypothesis profiles (``svt-ci``: derandomised, no deadline, 12
+examples, what scripts/test.sh uses; ``svt-thorough``: many random examples; ``svt-dev``: the
+hypothesis defaults without a deadline), the ``gpu`` and ``slow`` markers and the
+``kernel_harness`` fixture. Here: the plugin is loaded even from a checkout that is not
+installed; the short names ``ci``, ``thorough``, ``dev`` select those profiles (``dev`` when
+HYPOTHESIS_PROFILE is unset); one CPU thread.
 """
 
 import os
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
-from analysis.strategies.reproducible import pin_local_constants
-
-_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
-settings.register_profile("ci", derandomize=True, deadline=None, max_examples=12,
-                          suppress_health_check=_SUPPRESS, print_blob=True, database=None)
-settings.register_profile("thorough", deadline=None, max_examples=400, suppress_health_check=_SUPPRESS)
-settings.register_profile("dev", deadline=None, suppress_health_check=_SUPPRESS)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
-# derandomised cases depend on strategy and seed only, not on which modules are loaded
-pin_local_constants()
+pytest_plugins = ["svt_pytest"]  # a no-op where the installed entry point already loaded it
 
 torch.set_num_threads(1)
 
 
-def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run pytest -m gpu on a GPU machine)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's plugin loads --hypothesis-profile
+def pytest_configure(config):
+    """The short names ci, thorough, dev (scripts/test.sh, the docs) as the plugin's svt-ci,
+    svt-thorough, svt-dev; dev when no profile is named."""
+    import svt_pytest
+
+    name = config.getoption("hypothesis_profile", None) or os.environ.get("HYPOTHESIS_PROFILE") or "dev"
+    if svt_pytest.is_ours(name):
+        svt_pytest.load_profile(name)
