@@ -449,7 +449,7 @@ def test_gpu_forward_within_bound_d128(contract):
 
 @pytest.mark.gpu
 def test_gpu_backward_within_bound():
-    test_backward_rounding_within_bound("float32/ieee", True)
+    test_backward_rounding_within_bound(gates=True, contract="float32/ieee")
 
 
 @pytest.mark.gpu
