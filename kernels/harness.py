@@ -71,6 +71,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from analysis.contract_bounds import arith_of, as_contract, cg_bound, fro_error, linear_bound
+from analysis.argtypes import positive_int
 from analysis.precision import rounding_allowance
 from analysis.strategies.reproducible import pin_local_constants
 from solvers import Arith, unit_roundoff
@@ -907,16 +908,6 @@ def load(spec: str):
     return obj
 
 
-def _positive(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
 class _OneLineErrors(argparse.ArgumentParser):
     """Usage errors as one line naming the argument (no usage block), exit status 2."""
 
@@ -935,10 +926,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="float32",
                     help=f"the kernel's precision contract: one of {', '.join(sorted(PRESETS))}, optionally with "
                          "';key=value' changes (solvers.contracts.parse)")
-    ap.add_argument("--examples", type=_positive, default=50, help="cases to draw (at least 1)")
+    ap.add_argument("--examples", type=positive_int, default=50, help="cases to draw (at least 1)")
     ap.add_argument("--seed", type=int, default=None, help="draw cases from this seed (default: derandomised)")
-    ap.add_argument("--max-d", type=_positive, default=16)
-    ap.add_argument("--max-batch", type=_positive, default=4)
+    ap.add_argument("--max-d", type=positive_int, default=16)
+    ap.add_argument("--max-batch", type=positive_int, default=4)
     ap.add_argument("--max-kappa", type=float, default=None, help="spd strategies: largest condition number")
     ap.add_argument("--pow2", action="store_true", help="draw only power-of-two D (kernels that do not pad)")
     ap.add_argument("--prepare", default=None, help="module:function fair-pairing hook (kernels.harness:kla_prepare)")

@@ -28,6 +28,7 @@ from typing import Iterable, Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
+from analysis.argtypes import positive_int
 from analysis.strategies.reproducible import pin_local_constants
 
 from . import contract_route, registry, replay
@@ -231,36 +232,26 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = _Parser(prog=prog, description="Check the papers' claims (docs/claims.md) and compare with the record.")
     p.add_argument("--paper", choices=sorted(["gka", "kla", "echo", "gates"]), help="only this paper's claims")
     p.add_argument("--claim", action="append", metavar="ID",
                    help="claim id or id prefix (repeatable), e.g. gka.lemma3 or gka.alg2")
-    p.add_argument("--examples", type=_positive_int, default=DEFAULT_EXAMPLES, metavar="N",
+    p.add_argument("--examples", type=positive_int, default=DEFAULT_EXAMPLES, metavar="N",
                    help=f"hypothesis examples per claim and precision (default {DEFAULT_EXAMPLES})")
     p.add_argument("--precision", action="append", choices=list(ALL_PRECISIONS),
                    help="only these precisions (repeatable); default: each claim's own list")
     p.add_argument("--random", action="store_true", help="random search instead of the deterministic one")
     p.add_argument("--no-shrink", action="store_true", help="report counterexamples unshrunk (faster)")
     p.add_argument("--list", action="store_true", help="list the selected claims and exit")
-    p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
+    p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, metavar="N",
                    help="worker processes (default: the number of cores)")
     p.add_argument("--no-cache", action="store_true",
                    help="search every claim afresh instead of replaying recorded searches (in the user cache directory)")
     p.add_argument("--write-docs", action="store_true",
                    help="run every claim and regenerate docs/claims.md, docs/errata.md (index and metadata) and "
                         "proofs_check/measured.json from the catalogue")
-    p.add_argument("--timings", nargs="?", const=15, type=_positive_int, metavar="N",
+    p.add_argument("--timings", nargs="?", const=15, type=positive_int, metavar="N",
                    help="after the table, list the N slowest claim x precision runs (default 15)")
     p.add_argument("--impl", metavar="MODULE:NAME",
                    help="implementation under test: a mapping (or a function returning one) of the names the "
