@@ -1,9 +1,18 @@
-"""argparse value types shared by the toolkit's command lines (``python -m kernels.harness``,
-``python -m proofs_check``), so that a bad value reads the same everywhere."""
+"""argparse pieces shared by the toolkit's command lines (``svt`` / ``python -m analysis``,
+``python -m kernels.harness``, ``python -m proofs_check`` and the smaller ones), so that a usage
+error reads the same everywhere: one line naming the argument, exit status 2."""
 
 from __future__ import annotations
 
 import argparse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (``prog: error: ...``, no usage block)
+    and exit status 2; ``--help`` still prints the full usage. Subparsers inherit it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def positive_int(text: str) -> int:
@@ -17,4 +26,4 @@ def positive_int(text: str) -> int:
     return value
 
 
-__all__ = ["positive_int"]
+__all__ = ["OneLineParser", "positive_int"]

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ import torch
 
 import solvers
 from analysis import mp
+from analysis.argtypes import OneLineParser
 from analysis.precision import PRECISIONS, Arith
 
 METHODS = ("autograd", "implicit", "reverse", "reverse_stored_omega")
@@ -269,7 +269,7 @@ def errata_demo(D: int = 8) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m analysis.chebyshev_backward", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m analysis.chebyshev_backward", description=__doc__.splitlines()[0])
     parser.add_argument("--errata", action="store_true", help="print the numbers of the GKA Algorithm 2 errata")
     parser.add_argument("--table", action="store_true", help="print the stability table (markdown)")
     args = parser.parse_args(argv)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import verification
+from .argtypes import OneLineParser
 from .figures import FIGURES
 from .verification import topline
 from .verification.row import VerificationRow, within
@@ -462,8 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     prog = prog_name()
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     _common(p, suppress=False)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")

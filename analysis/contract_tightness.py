@@ -18,10 +18,9 @@ aligned with the bottom eigenvector): the room any rigorous bound under that mod
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
+from .argtypes import OneLineParser
 from .contract_bounds import _schedule, linear_bound
 
 CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
@@ -110,7 +109,7 @@ def adversarial_storage_run(A, q, *, L, mu, iters: int, v, scale: float = 1.0):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.contract_tightness", description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python -m analysis.contract_tightness", description=__doc__.splitlines()[0])
     ap.add_argument("--D", type=int, default=128)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--systems", type=int, default=32)

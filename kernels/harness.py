@@ -71,11 +71,11 @@ from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
 from analysis.contract_bounds import arith_of, as_contract, cg_bound, fro_error, linear_bound
-from analysis.argtypes import positive_int
+from analysis.argtypes import OneLineParser, positive_int
 from analysis.precision import rounding_allowance
 from analysis.strategies.reproducible import pin_local_constants
 from solvers import Arith, unit_roundoff
-from solvers.contracts import PRESETS, Contract
+from solvers.contracts import PRESETS
 
 PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REFERENCE_ARITH = Arith(torch.float32)
@@ -908,15 +908,8 @@ def load(spec: str):
     return obj
 
 
-class _OneLineErrors(argparse.ArgumentParser):
-    """Usage errors as one line naming the argument (no usage block), exit status 2."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    ap = _OneLineErrors(prog="python -m kernels.harness", description=__doc__.splitlines()[0],
+    ap = OneLineParser(prog="python -m kernels.harness", description=__doc__.splitlines()[0],
                         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                         epilog="exit status: 0 PASS, 1 FAIL, 2 usage or import error, 3 INCONCLUSIVE")
     ap.add_argument("kernel", help="module:function of the kernel under test")

@@ -11,11 +11,12 @@ a worst case; the comment of each function says what the number means.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
 import torch
+
+from analysis.argtypes import OneLineParser
 
 F64 = torch.float64
 GKA_D, GKA_R, GKA_A, CHUNK = 128, 30, 0.02, 64
@@ -312,7 +313,7 @@ MAGNITUDES = {f.__name__: f for f in (gka_chunk_matvec, gka_eq15, gka_eq40, gka_
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m proofs_check.magnitudes", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m proofs_check.magnitudes", description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="*", metavar="NAME", help=f"some of {sorted(MAGNITUDES)} (default: all)")
     args = p.parse_args(argv)
     bad = [n for n in args.names if n not in MAGNITUDES]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import difflib
 import math
 import os
 import sys
@@ -28,10 +27,10 @@ from typing import Iterable, Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 
-from analysis.argtypes import positive_int
+from analysis.argtypes import OneLineParser, positive_int
 from analysis.strategies.reproducible import pin_local_constants
 
-from . import contract_route, registry, replay
+from . import contract_route, registry
 from .claim import (ALL_PRECISIONS, CORRECTED, ERROR, EXTENSION, FAILS, HOLDS, PENDING, PRINTED, Claim,
                     Measurement, Pending, Result)
 
@@ -225,15 +224,8 @@ def format_table(results: list, *, show_counterexamples: bool = True) -> str:
     return "\n".join(lines + ([""] + extra if extra else []) + ["", summary])
 
 
-class _Parser(argparse.ArgumentParser):
-    """Usage errors are one line on stderr and exit status 2 (a changed verdict exits 1)."""
-
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _parser(prog: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description="Check the papers' claims (docs/claims.md) and compare with the record.")
+    p = OneLineParser(prog=prog, description="Check the papers' claims (docs/claims.md) and compare with the record.")
     p.add_argument("--paper", choices=sorted(["gka", "kla", "echo", "gates"]), help="only this paper's claims")
     p.add_argument("--claim", action="append", metavar="ID",
                    help="claim id or id prefix (repeatable), e.g. gka.lemma3 or gka.alg2")

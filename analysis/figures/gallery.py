@@ -8,7 +8,6 @@ recomputed: each figure's data comes from ``<out>/figures/_cache/<name>.json``.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import pathlib
@@ -16,6 +15,7 @@ import tempfile
 
 from PIL import Image
 
+from ..argtypes import OneLineParser
 from . import FIGURES
 from . import _common as C
 
@@ -54,7 +54,7 @@ def refresh(out: pathlib.Path, docs: pathlib.Path, names=None) -> list:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m analysis.figures.gallery", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "reports", help="the report folder with cached data")
     p.add_argument("--docs", type=pathlib.Path, default=ROOT / "docs" / "figures", help="where the PNGs go")
     p.add_argument("names", nargs="*", help="figure module names (default: all)")

@@ -1,0 +1,27 @@
+"""Every command line of the toolkit reports a usage error as one line naming the argument,
+with exit status 2 (analysis.argtypes.OneLineParser): no usage block, no traceback."""
+
+import importlib
+
+import pytest
+
+# module -> the required arguments that come before the bad option
+MAINS = {"analysis.cli": [], "analysis.chebyshev_backward": [], "analysis.figures.gallery": [],
+         "analysis.contract_tightness": [], "proofs_check.magnitudes": [],
+         "kernels.harness": ["a:b", "c:d", "--strategy", "spd"], "proofs_check.runner": []}
+
+
+@pytest.mark.parametrize("module", sorted(MAINS))
+def test_unknown_option_is_one_line_and_exit_2(module, capsys):
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exc:
+        main(MAINS[module] + ["--no-such-option"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2
+    assert len(err) == 1 and "error:" in err[0] and "--no-such-option" in err[0], err
+
+
+def test_help_still_prints_the_usage(capsys):
+    with pytest.raises(SystemExit) as exc:
+        importlib.import_module("kernels.harness").main(["--help"])
+    assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
