@@ -240,7 +240,7 @@ def test_failing_claims_are_counted_by_severity_when_the_catalogue_has_them(monk
     assert counts["failing_other"] == 1  # a refuted extension is no printed statement
     rows_counts = {"rows": 1, "held": 1, "failed": 0, "inconclusive": 0}
     top = " ".join(topline.markdown(rows_counts, counts, {"written": 0, "failed": 0}, 0))
-    assert "**2 printed statements fail** (1 numerical, 1 wording); 1 other claims" in top
+    assert "**1 printed statements fail** (1 numerical); beside them 1 wording; 1 other claims" in top
     monkeypatch.setattr(topline, "severity_lookup", lambda: None)  # a catalogue without severities
     counts = topline.claim_counts(rows)
     assert counts["failing_by_severity"] == {"unrated": 2}

@@ -14,6 +14,9 @@ HELD = ("holds", "holds (running bound)")
 INCONCLUSIVE = ("no guarantee",)
 
 
+# severities counted in the headline; the others (out-of-setting, degenerate, wording, rounding) beside it
+HEADLINE_SEVERITIES = ("substantive", "numerical")
+
 def row_counts(verdicts: list) -> dict:
     """``{"rows", "held", "failed", "inconclusive"}`` of a list of verification verdicts."""
     return {"rows": len(verdicts), "held": sum(v in HELD for v in verdicts),
@@ -92,10 +95,18 @@ def markdown(rows: dict, claims: Optional[dict], figures: dict, family_failures:
                      f"{claims['mismatches']} runs differ from the recorded verdict.")
         if claims["failing_claims"]:
             rated = {s: n for s, n in claims["failing_by_severity"].items() if s != "unrated"}
-            text = f"**{claims['failing_claims']} printed statements fail**"
             if rated:
-                text += " (" + ", ".join(f"{n} {s}" for s, n in claims["failing_by_severity"].items()) + ")"
+                # the headline counts what makes a paper give wrong results (substantive, numerical);
+                # the lighter severities stand beside it (docs/errata.md)
+                by = claims["failing_by_severity"]
+                heavy = {s: n for s, n in by.items() if s in HEADLINE_SEVERITIES}
+                light = {s: n for s, n in by.items() if s not in HEADLINE_SEVERITIES}
+                text = (f"**{sum(heavy.values())} printed statements fail** ("
+                        + (", ".join(f"{n} {s}" for s, n in heavy.items()) or "none substantive or numerical") + ")")
+                if light:
+                    text += "; beside them " + ", ".join(f"{n} {s}" for s, n in light.items())
             else:
+                text = f"**{claims['failing_claims']} printed statements fail**"
                 text += " (the catalogue records no severities)"
             if claims["failing_other"]:
                 text += f"; {claims['failing_other']} other claims (extensions, corrected forms) fail"
