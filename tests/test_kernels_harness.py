@@ -160,3 +160,21 @@ def test_strategies_are_composable_hypothesis_strategies():
 
     prop()
     assert seen
+
+
+def _vacuous(case, rounded, contract):
+    return (torch.tensor(float("inf")),)  # a bound that covers anything
+
+
+def test_assert_matches_refuses_an_inconclusive_verdict():
+    """A vacuous bound passes a broken kernel (x/2): assert_matches must not let that through unless
+    told (``conclusive=False``), and the report says INCONCLUSIVE, never PASS."""
+    loose = harness.Strategy("loose", harness.spd(max_d=4, max_batch=2).cases, ("x",), (1,), _vacuous)
+
+    def halved(H, q, **kw):
+        return solvers.chebyshev(H, q, **kw) / 2
+
+    with pytest.raises(AssertionError, match="INCONCLUSIVE"):
+        harness.assert_matches(halved, solvers.chebyshev, loose, examples=3, device="cpu")
+    rep = harness.assert_matches(halved, solvers.chebyshev, loose, examples=3, device="cpu", conclusive=False)
+    assert rep.verdict == harness.INCONCLUSIVE

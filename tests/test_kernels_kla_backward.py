@@ -31,6 +31,7 @@ def test_backward_within_the_adjoint_bound(precision):
     C = 16 with T up to 2 C + 5 (three chunks, the last partial)."""
     rep = _report(precision, examples=10, chunk_size=16, max_T=37)
     assert rep.passed, str(rep)
+    assert len(inconclusive(rep)) < len(rep.history)  # some findings conclusive: the check bites
 
 
 @pytest.mark.gpu
