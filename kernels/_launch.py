@@ -60,10 +60,19 @@ def dimension(name: str, D: int) -> None:
         raise ValueError(f"{name} has D = {D}; kernels hold one D x D matrix on chip and support D <= {MAX_D}")
 
 
+def choice(name: str, value, allowed, *, default=None):
+    """``value`` if it is one of ``allowed``; ``default`` for None when a default is given (e.g.
+    a per-dtype product precision); otherwise a ValueError naming the argument."""
+    if value is None and default is not None:
+        return default
+    if value not in allowed:
+        or_none = " or None" if default is not None else ""
+        raise ValueError(f"{name} must be one of {tuple(allowed)}{or_none}, got {value!r}")
+    return value
+
+
 def input_precision(p) -> str:
-    if p not in INPUT_PRECISIONS:
-        raise ValueError(f"input_precision must be one of {INPUT_PRECISIONS}, got {p!r}")
-    return p
+    return choice("input_precision", p, INPUT_PRECISIONS)
 
 
 def out_dtype(dt, default: torch.dtype) -> torch.dtype:

@@ -68,11 +68,8 @@ class GKAKernelInfo:
 
 
 def resolve_contract(contract, dtype: torch.dtype) -> str:
-    if contract is None:
-        return "bfloat16/operands" if dtype == torch.bfloat16 else "float32/ieee"
-    if contract not in CONTRACTS:
-        raise ValueError(f"contract must be one of {tuple(CONTRACTS)}, got {contract!r}")
-    return contract
+    default = "bfloat16/operands" if dtype == torch.bfloat16 else "float32/ieee"
+    return launch.choice("contract", contract, CONTRACTS, default=default)
 
 
 def chunk_cumulative_gates(g2: Optional[torch.Tensor], N: int, Tp: int, C: int, device) -> torch.Tensor:

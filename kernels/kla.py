@@ -655,11 +655,7 @@ def _explain_nonfinite(q, k, v, initial_state, normalize_queries):
 
 
 def _precision(p, dtype: torch.dtype) -> str:
-    if p is None:
-        return "bf16" if dtype == torch.bfloat16 else "ieee"
-    if p not in PRECISIONS:
-        raise ValueError(f"input_precision must be one of {PRECISIONS} or None, got {p!r}")
-    return p
+    return launch.choice("input_precision", p, PRECISIONS, default="bf16" if dtype == torch.bfloat16 else "ieee")
 
 
 def kla_chunkwise(

@@ -310,8 +310,7 @@ def koopman_readout(stats, zq, *, K: int = 2, eta=1.5, gamma=1.0, sigma: str = "
     if sigma != "power":
         raise ValueError("kernels.koopman_readout supports sigma='power' only (eq. (12)); "
                          "solvers.koopman_readout(..., sigma='exact') takes the exact sigma_max by SVD")
-    if input_precision not in PRECISIONS:
-        raise ValueError(f"input_precision must be one of {PRECISIONS}, got {input_precision!r}")
+    launch.choice("input_precision", input_precision, PRECISIONS)
     if not isinstance(return_info, bool):
         raise TypeError(f"return_info must be a bool, got {type(return_info).__name__}")
     jitter = _jitter(jitter)
