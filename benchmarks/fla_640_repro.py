@@ -23,7 +23,10 @@ ratio of the two relative errors per gradient: it needs no rounding bound, and a
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import time
 
 import torch
@@ -37,37 +40,53 @@ from analysis.testing.gradient_harness import (
     recurrent_forward,
 )
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fla_640_kernels as fk  # noqa: E402  (a sibling module; benchmarks/ is not a package)
+
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def inputs(B, T, H, d, seed, device, gates, states=False):
-    """bf16 q, k (unit rows), v, beta = sigmoid(N(0,1)); g in [-10, -9.5] ("strong") or
-    [-0.02, 0] ("weak"), float32; a bf16 output cotangent; initial state and final-state
-    cotangent zero, or N(0, 1) float32 with ``states``."""
+GATES = {"strong": (-10.0, -9.5), "weak": (-0.02, 0.0)}
+BETAS = {"mid": None, "small": (0.0, 0.05), "large": (1.9, 2.0)}
+STATES = {"none": (False, False), "h0": (True, False), "dht": (False, True), "both": (True, True)}
+
+
+def inputs(B, T, H, d, seed, device, gates, states="none", beta="mid", dtype=torch.bfloat16):
+    """q, k (unit rows), v, a cotangent do and beta in ``dtype``; g (float32) uniform in
+    [-10, -9.5] ("strong"), [-0.02, 0] ("weak") or either per token ("mixed"); beta
+    sigmoid(N(0, 1)) ("mid"), U[0, 0.05] ("small") or U[1.9, 2] ("large"); the initial state
+    and the final-state cotangent N(0, 1), rounded to ``dtype`` and held in float32 (so a
+    kernel storing them in ``dtype`` sees the same values), where ``states`` names them
+    (``STATES``), zero otherwise."""
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    u = lambda lo, hi, *s: lo + (hi - lo) * torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
     q = F.normalize(r(B, T, H, d), dim=-1)
     k = F.normalize(r(B, T, H, d), dim=-1)
     v = r(B, T, H, d)
-    lo, hi = (-10.0, -9.5) if gates == "strong" else (-0.02, 0.0)
-    g = lo + (hi - lo) * torch.rand(B, T, H, generator=gen, dtype=torch.float64)
-    beta = torch.sigmoid(r(B, T, H))
+    if gates == "mixed":
+        g = torch.where(
+            torch.rand(B, T, H, generator=gen) < 0.5,
+            u(*GATES["strong"], B, T, H),
+            u(*GATES["weak"], B, T, H),
+        )
+    else:
+        g = u(*GATES[gates], B, T, H)
+    b = torch.sigmoid(r(B, T, H)) if BETAS[beta] is None else u(*BETAS[beta], B, T, H)
     do = r(B, T, H, d)
-    bf = lambda x: x.to(torch.bfloat16).to(device)  # noqa: E731
-    state = (
-        (lambda: r(B, H, d, d).float().to(device))
-        if states
-        else (lambda: torch.zeros(B, H, d, d, device=device))
-    )
+    cast = lambda x: x.to(dtype).to(device)  # noqa: E731
+    with_h0, with_dht = STATES[states]
+    h0 = r(B, H, d, d).to(dtype).float() if with_h0 else torch.zeros(B, H, d, d)
+    dht = r(B, H, d, d).to(dtype).float() if with_dht else torch.zeros(B, H, d, d)
     return dict(
-        q=bf(q),
-        k=bf(k),
-        v=bf(v),
+        q=cast(q),
+        k=cast(k),
+        v=cast(v),
         g=g.float().to(device),
-        beta=bf(beta),
-        h0=state(),
-        do=bf(do),
-        dht=state(),
+        beta=cast(b),
+        h0=h0.to(device),
+        do=cast(do),
+        dht=dht.to(device),
     )
 
 
@@ -103,93 +122,351 @@ def relative(a, ref):
     return (a.double() - ref).norm().item() / n if n > 0 else float("nan")
 
 
+# ---------------------------------------------------------------------------------------
+# the two suspect kernels, captured in a real backward and checked against their arithmetic
+# ---------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def captured_kernels(calls: list):
+    """Record every call of fla's ``chunk_bwd_dqkwg`` and ``prepare_wy_repr_bwd`` made by the
+    gated delta rule's backward: ``(name, keyword operands, outputs)``, cloned at return (fla
+    adds into dg afterwards)."""
+    import fla.ops.gated_delta_rule.chunk as gdr
+
+    originals = {
+        "chunk_bwd_dqkwg": gdr.chunk_bwd_dqkwg,
+        "prepare_wy_repr_bwd": gdr.prepare_wy_repr_bwd,
+    }
+
+    def recorder(name):
+        def call(**kw):
+            out = originals[name](**kw)
+            keep = {n: x.detach().clone() if torch.is_tensor(x) else x for n, x in kw.items()}
+            calls.append(
+                (name, keep, tuple(None if x is None else x.detach().clone() for x in out))
+            )
+            return out
+
+        return call
+
+    for name in originals:
+        setattr(gdr, name, recorder(name))
+    try:
+        yield calls
+    finally:
+        for name, fn in originals.items():
+            setattr(gdr, name, fn)
+
+
+def _autotuner(kernel):
+    from triton.runtime.autotuner import Autotuner
+
+    while not isinstance(kernel, Autotuner):
+        kernel = kernel.fn
+    return kernel
+
+
+@contextlib.contextmanager
+def forced_config(kernel, config):
+    """Run ``kernel`` (an fla autotuned Triton kernel) with one configuration."""
+    at = _autotuner(kernel)
+    configs = at.configs
+    at.configs = [config]
+    try:
+        yield
+    finally:
+        at.configs = configs
+
+
+def _emulated(name, kw):
+    if name == "chunk_bwd_dqkwg":
+        return fk.emulate_dqkwg(
+            kw["q"], kw["k"], kw["v"], kw["g"], kw["h"], kw["do"], kw["dh"], kw["dv"], kw["scale"]
+        )
+    return fk.emulate_wy_bwd(kw["k"], kw["v"], kw["beta"], kw["g"], kw["A"], kw["dw"], kw["du"])
+
+
+OUTPUT_NAMES = {
+    "chunk_bwd_dqkwg": ("dq", "dk", "dw", "dg"),
+    "prepare_wy_repr_bwd": ("dk", "dv", "dbeta", "dg"),
+}
+
+
+def check_kernels(calls, every_config=False) -> dict:
+    """Faithfulness (``fla_640_kernels.faithfulness``) of each captured call, with the
+    configuration fla's autotuner chose and, with ``every_config``, re-run in each of the
+    kernel's autotuning configurations on the same operands."""
+    import fla.ops.common.chunk_o as chunk_o
+    import fla.ops.gated_delta_rule.wy_fast as wy_fast
+
+    kernels = {
+        "chunk_bwd_dqkwg": (chunk_o.chunk_bwd_kernel_dqkwg, chunk_o.chunk_bwd_dqkwg),
+        "prepare_wy_repr_bwd": (wy_fast.prepare_wy_repr_bwd_kernel, wy_fast.prepare_wy_repr_bwd),
+    }
+    res = {}
+    for name, kw, out in calls:
+        emu = _emulated(name, kw)
+        got = dict(zip(OUTPUT_NAMES[name], out))
+        kernel, wrapper = kernels[name]
+        entry = {
+            "autotuned": fk.faithfulness(got, emu),
+            "config": str(_autotuner(kernel).best_config),
+        }
+        if every_config:
+            entry["configs"] = {}
+            for cfg in list(_autotuner(kernel).configs):
+                with forced_config(kernel, cfg):
+                    again = wrapper(**kw)
+                found = fk.faithfulness(dict(zip(OUTPUT_NAMES[name], again)), emu)
+                entry["configs"][str(cfg)] = {out: r["ratio"] for out, r in found.items()}
+        res[name] = entry
+    return res
+
+
+def _reverse_cumsum(x, BT=64):
+    """Chunk-local reverse cumulative sum over the time axis (dim 1)."""
+    c = fk._chunks(x, BT)
+    return fk._unchunk(c.flip(-1).cumsum(-1).flip(-1), x.shape[1])
+
+
+def dg_anatomy(calls, fla_dg, ref_dg) -> dict:
+    """Where fla's dg error comes from. fla sums two kernels' gradients w.r.t. the chunk-local
+    cumulative gate and takes their reverse cumulative sum over the chunk. ``emulated``: that
+    sum from the float64 recomputation on the operands fla stored (its distance to the
+    float64 reference is the error inherited from the stored operands, before either kernel
+    rounds anything); ``kappa_terms`` = ||revcumsum(sum of |terms|)|| / ||dg|| and
+    ``kappa_cumsum`` = ||revcumsum(|dg_c|)|| / ||dg||: how much larger dg's summands are than
+    dg (relative errors in the summands are amplified by up to these factors)."""
+    emus = {name: _emulated(name, kw) for name, kw, _ in calls}
+    dgc = emus["chunk_bwd_dqkwg"]["dg"][0] + emus["prepare_wy_repr_bwd"]["dg"][0]
+    terms = (
+        emus["chunk_bwd_dqkwg"]["dg_summands"][0] + emus["prepare_wy_repr_bwd"]["dg_summands"][0]
+    )
+    emulated = _reverse_cumsum(dgc)
+    kernel_dgc = sum(out[3].double() for name, _, out in calls)
+    n = ref_dg.norm().item()
+    return {
+        "dg_norm": n,
+        "emulated_vs_reference": (emulated - ref_dg).norm().item() / n,
+        "fla_vs_emulated": (fla_dg.double() - emulated).norm().item() / n,
+        "fla_vs_its_kernels": (fla_dg.double() - _reverse_cumsum(kernel_dgc)).norm().item() / n,
+        "kappa_terms": _reverse_cumsum(terms).norm().item() / n,
+        "kappa_cumsum": _reverse_cumsum(dgc.abs()).norm().item() / n,
+    }
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--seeds", type=positive_int, default=8, help="problems per configuration (default 8)"
-    )
+    ap.add_argument("--seeds", type=positive_int, default=8, help="problems per class (default 8)")
     ap.add_argument(
         "--T",
         type=positive_int,
         nargs="+",
-        default=[64, 256],
-        help="sequence lengths (default 64 256)",
+        default=[64, 130],
+        help="sequence lengths (default 64 130)",
     )
     ap.add_argument("--B", type=positive_int, default=2)
     ap.add_argument("--H", type=positive_int, default=4)
-    ap.add_argument("--gates", nargs="+", default=["strong", "weak"], choices=("strong", "weak"))
     ap.add_argument(
-        "--states", action="store_true", help="random initial state and final-state cotangent"
+        "--gates",
+        nargs="+",
+        default=["strong", "weak", "mixed"],
+        choices=("strong", "weak", "mixed"),
+    )
+    ap.add_argument(
+        "--states",
+        nargs="+",
+        default=list(STATES),
+        choices=list(STATES),
+        help="which of the initial state (h0) and final-state cotangent (dht) are random (default all four)",
+    )
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=0.0,
+        help="stop drawing problems after this many seconds (0: none)",
+    )
+    ap.add_argument("--no-pad", action="store_true", help="skip the run zero-padded to d_k = 128")
+    ap.add_argument(
+        "--kernels",
+        action="store_true",
+        help="capture fla's two suspect kernels and check each against its arithmetic",
+    )
+    ap.add_argument(
+        "--every-config",
+        action="store_true",
+        help="with --kernels: re-run both in every autotuning configuration",
+    )
+    ap.add_argument(
+        "--ours", action="store_true", help="our kernel on the same problems, for scale"
     )
     ap.add_argument(
         "--stand-in",
         action="store_true",
         help="our kernel in fla's place (a CPU test of the script)",
     )
-    ap.add_argument("--out", default=None, help="folder for fla-640.json")
+    ap.add_argument("--out", default=None, help="folder for fla-640[-TAG].json")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.stand_in:
+    dtype = getattr(torch, args.dtype)
+    t_start = time.time()
 
-        def forward(q, k, v, *, g, beta, initial_state, **kw):
-            return kla_kernel_forward(
-                q,
-                k,
-                v,
-                g=g,
-                beta=beta,
-                initial_state=initial_state.to(q.dtype),
-                chunk_size=16,
-                **kw,
-            )
+    def stand_in(q, k, v, *, g, beta, initial_state, **kw):
+        return kla_kernel_forward(
+            q, k, v, g=g, beta=beta, initial_state=initial_state.to(q.dtype), chunk_size=16, **kw
+        )
+
+    def ours(q, k, v, *, g, beta, initial_state, **kw):
+        return kla_kernel_forward(
+            q, k, v, g=g, beta=beta, initial_state=initial_state.to(q.dtype), chunk_size=64, **kw
+        )
+
+    if args.stand_in:
+        forward = stand_in
+        args.kernels = False
     else:
         import fla.ops.common.chunk_o as chunk_o
 
         chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass the guard (its only condition)
         forward = fla_gdn_forward
+    classes = [(g, st, T) for g in args.gates for st in args.states for T in args.T]
     rows = []
-    for gates in args.gates:
-        for T in args.T:
-            for seed in range(args.seeds):
-                t0 = time.time()
-                case = inputs(args.B, T, args.H, 64, seed, device, gates, args.states)
-                ref = reference(case)
+    out_path = f"{args.out}/fla-640{'-' + args.tag if args.tag else ''}.json" if args.out else None
+    for seed in range(args.seeds):
+        for gates, states, T in classes:
+            if args.budget and time.time() - t_start > args.budget:
+                break
+            beta = ("mid", "small", "large")[seed % 3]
+            t0 = time.time()
+            case = inputs(args.B, T, args.H, 64, seed, device, gates, states, beta, dtype)
+            ref = reference(case)
+            calls = []
+            if args.kernels:
+                with captured_kernels(calls):
+                    bk64 = run(forward, case)
+            else:
                 bk64 = run(forward, case)
-                bk128 = run(forward, case, pad_to=128)
-                row = {
-                    "gates": gates,
-                    "T": T,
-                    "seed": seed,
-                    "B": args.B,
-                    "H": args.H,
-                    "d": 64,
-                    "states": args.states,
-                }
-                for name, a, b, r in zip(NAMES, bk64, bk128, ref):
-                    row[name] = {"d64": relative(a, r), "padded128": relative(b, r)}
-                rows.append(row)
-                worst = max(NAMES, key=lambda n: row[n]["d64"] / max(row[n]["padded128"], 1e-30))
-                print(
-                    f"gates={gates} T={T} seed={seed} states={'random' if args.states else 'zero'}: "
-                    + "  ".join(f"{n} {row[n]['d64']:.2e}/{row[n]['padded128']:.2e}" for n in NAMES)
-                    + f"  (d64/padded128; worst ratio {worst} "
-                    f"{row[worst]['d64'] / max(row[worst]['padded128'], 1e-30):.1f}; {time.time() - t0:.1f} s)",
-                    flush=True,
-                )
-                if args.out:
-                    with open(f"{args.out}/fla-640.json", "w") as f:
-                        json.dump(
-                            {
-                                "device": torch.cuda.get_device_name()
-                                if device == "cuda"
-                                else "cpu",
-                                "stand_in": args.stand_in,
-                                "rows": rows,
-                            },
-                            f,
-                            indent=1,
-                        )
+            row = {
+                "gates": gates,
+                "states": states,
+                "beta": beta,
+                "T": T,
+                "seed": seed,
+                "B": args.B,
+                "H": args.H,
+                "d": 64,
+                "dtype": args.dtype,
+            }
+            for name, a, r in zip(NAMES, bk64, ref):
+                row[name] = {"d64": relative(a, r)}
+            if not args.no_pad:
+                for name, b, r in zip(NAMES, run(forward, case, pad_to=128), ref):
+                    row[name]["padded128"] = relative(b, r)
+            if args.ours:
+                for name, c, r in zip(NAMES, run(ours, case), ref):
+                    row[name]["ours"] = relative(c, r)
+            if calls:
+                row["kernels"] = check_kernels(calls, every_config=args.every_config)
+                row["dg_anatomy"] = dg_anatomy(calls, bk64[3], ref[3])
+            row["seconds"] = time.time() - t0
+            rows.append(row)
+            print(_line(row), flush=True)
+            if out_path:
+                with open(out_path, "w") as f:
+                    json.dump(
+                        {
+                            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                            "stand_in": args.stand_in,
+                            "rows": rows,
+                            "summary": summary(rows),
+                        },
+                        f,
+                    )
+    s = summary(rows)
+    print(f"{s['problems']} problems; largest distance to float64 per gradient and path:")
+    for key, w in s["largest_relative"].items():
+        print(f"  {key}: {w['value']:.3g}  {w['case']}")
+    if s["worst_kernel_ratio"]:
+        print(f"{s['kernel_checks']} kernel checks; worst ratio {s['worst_kernel_ratio']}")
+        print(f"dg anatomy (largest inherited error): {s['dg_anatomy_worst']}", flush=True)
     return 0
+
+
+def _line(row) -> str:
+    """One problem: each gradient's distance to float64 (key block 64 / padded 128 / ours),
+    the per-kernel worst ratio and the dg anatomy."""
+
+    def fmt(name):
+        r = row[name]
+        return f"{name} " + "/".join(f"{r[k]:.2e}" for k in ("d64", "padded128", "ours") if k in r)
+
+    text = (
+        f"{row['dtype']} gates={row['gates']} states={row['states']} beta={row['beta']} T={row['T']} "
+        f"seed={row['seed']}: " + "  ".join(fmt(n) for n in NAMES)
+    )
+    if "kernels" in row:
+        worst = _worst_kernel_ratio(row)
+        a = row["dg_anatomy"]
+        text += (
+            f"  | kernels: worst ratio {worst[0]:.3g} ({worst[1]})"
+            f"  | dg: emulated {a['emulated_vs_reference']:.2e}, fla-emulated {a['fla_vs_emulated']:.1e},"
+            f" kappa_terms {a['kappa_terms']:.3g}, kappa_cumsum {a['kappa_cumsum']:.3g}"
+        )
+    return text + f"  ({row['seconds']:.1f} s)"
+
+
+def _worst_kernel_ratio(row):
+    worst = (0.0, "")
+    for kname, entry in row.get("kernels", {}).items():
+        runs = {"autotuned": {o: r["ratio"] for o, r in entry["autotuned"].items()}}
+        runs.update(entry.get("configs", {}))
+        for cfg, outs in runs.items():
+            for out, ratio in outs.items():
+                if ratio > worst[0]:
+                    worst = (ratio, f"{kname} {out} {cfg}")
+    return worst
+
+
+def summary(rows) -> dict:
+    """Problem count, the largest distance to float64 per gradient and path, and the worst
+    per-kernel ratio (over 1: a kernel did not do its own arithmetic)."""
+    s = {
+        "problems": len(rows),
+        "largest_relative": {},
+        "kernel_checks": 0,
+        "worst_kernel_ratio": None,
+    }
+    for name in NAMES:
+        for path in ("d64", "padded128", "ours"):
+            vals = [(r[name][path], r) for r in rows if path in r[name]]
+            if vals:
+                v, r = max(vals, key=lambda x: x[0])
+                s["largest_relative"][f"{name} {path}"] = {
+                    "value": v,
+                    "case": {k: r[k] for k in ("gates", "states", "beta", "T", "seed")},
+                }
+    checked = [r for r in rows if "kernels" in r]
+    if checked:
+        s["kernel_checks"] = sum(
+            1 + len(e.get("configs", {})) for r in checked for e in r["kernels"].values()
+        )
+        worst = max(checked, key=lambda r: _worst_kernel_ratio(r)[0])
+        s["worst_kernel_ratio"] = {
+            "ratio": _worst_kernel_ratio(worst)[0],
+            "where": _worst_kernel_ratio(worst)[1],
+        }
+        s["dg_anatomy_worst"] = max(
+            (
+                r["dg_anatomy"]
+                | {"case": r["gates"] + "/" + r["states"] + f"/T={r['T']}/seed={r['seed']}"}
+                for r in checked
+            ),
+            key=lambda a: a["emulated_vs_reference"],
+        )
+    return s
 
 
 if __name__ == "__main__":
