@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 
@@ -44,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fla_640_kernels as fk  # noqa: E402  (a sibling module; benchmarks/ is not a package)
 
 NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+PATHS = ("fla", "fla_padded", "ours")  # fla as given, q and k zero-padded, our kernel
 
 
 GATES = {"strong": (-10.0, -9.5), "weak": (-0.02, 0.0)}
@@ -110,11 +112,126 @@ def run(kernel_forward, case, pad_to=None):
     return dq[..., :d], dk[..., :d], dv, dg, dbeta, dh0[..., :d, :]
 
 
-def reference(case):
+def reference(case, scale=1.0):
+    """Float64 autograd through the token recurrence on the case's (rounded) values; the query
+    multiplied by ``scale`` inside the graph, as fla's ``scale`` does."""
     c64 = {n: x.double() for n, x in case.items()}
-    return gradients_of(recurrent_forward)(
+
+    def forward(q, k, v, **kw):
+        return recurrent_forward(q * scale, k, v, **kw)
+
+    return gradients_of(forward)(
         c64["q"], c64["k"], c64["v"], c64["g"], c64["beta"], c64["h0"], c64["do"], c64["dht"]
     )
+
+
+def fla_scaled(scale):
+    """fla's ``chunk_gated_delta_rule`` with a query scale (``fla_gdn_forward`` has scale 1)."""
+
+    def forward(q, k, v, *, g, beta, initial_state, **_):
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g.float(),
+            beta.to(q.dtype),
+            scale=scale,
+            initial_state=initial_state.float(),
+            output_final_state=True,
+        )
+
+    return forward
+
+
+def fla_test_case(B, T, H, d, seed, device, dtype, normalizer=10.0):
+    """The inputs of fla's own ``test_chunk`` for the gated delta rule (the configuration its
+    issue #640 reports failing on Hopper: B, T, H, D = 2, 1500, 4, 128, scale 0.1, gates
+    logsigmoid(U[0, 1)) / 10, float16): q, k, v uniform in [0, 1) with q and k normalised,
+    beta sigmoid(U[0, 1)), zero initial state, cotangents uniform in [0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+    cast = lambda x: x.to(dtype).to(device)  # noqa: E731
+    return dict(
+        q=cast(F.normalize(rand(B, T, H, d), dim=-1)),
+        k=cast(F.normalize(rand(B, T, H, d), dim=-1)),
+        v=cast(rand(B, T, H, d)),
+        g=(F.logsigmoid(rand(B, T, H)) / normalizer).float().to(device),
+        beta=cast(torch.sigmoid(rand(B, T, H))),
+        h0=torch.zeros(B, H, d, d, device=device),
+        do=cast(rand(B, T, H, d)),
+        dht=rand(B, H, d, d).to(dtype).float().to(device),
+    )
+
+
+def strategy_case(label, device, dtype=torch.bfloat16):
+    """Rebuild a ``kla_backward`` strategy case (analysis.testing.gradient_harness) from its
+    label, for GDN cases without packed sequences or positive inputs: the same generator, the
+    same draws in the same order, every input rounded to ``dtype`` as the harness rounds."""
+    fields = dict(re.findall(r"(\w+)=(\S+)", label.replace("B,T,H,HV=", "shape=")))
+    B, T, H, HV = (int(x) for x in fields["shape"].strip("()").split(","))
+    d_k, d_v, seed = int(fields["d_k"]), int(fields["d_v"]), int(fields["seed"])
+    if "positive" in label or fields.get("mode") != "gdn" or fields["cu_seqlens"] != "None":
+        raise ValueError(
+            f"strategy_case rebuilds GDN cases without packing or positive inputs: {label!r}"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    f64 = dict(dtype=torch.float64, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, d_k, **f64), dim=-1)
+    q = F.normalize(torch.randn(B, T, H, d_k, **f64), dim=-1)
+    v = torch.randn(B, T, HV, d_v, **f64)
+    u = torch.rand(B, T, HV, **f64)
+    weak, strong = -0.02 * u, -10.0 + 0.5 * u
+    g = {"weak": weak, "strong": strong}.get(fields["gates"])
+    if g is None:
+        g = torch.where(torch.rand(B, T, HV, **f64) < 0.5, weak, strong)
+    w = torch.rand(B, T, HV, **f64)
+    small, large = 0.02 * w, 1.95 + 0.05 * w
+    beta = {"small": small, "large": large}.get(fields["beta"])
+    if beta is None:
+        beta = torch.where(torch.rand(B, T, HV, **f64) < 0.5, small, large)
+    zeros = torch.zeros(B, HV, d_k, d_v, dtype=torch.float64)
+    h0 = torch.randn(B, HV, d_k, d_v, **f64) if fields["h0"] == "random" else zeros
+    do = torch.randn(B, T, HV, d_v, **f64)
+    dht = torch.randn(B, HV, d_k, d_v, **f64) if fields["dht"] == "random" else zeros
+    r = lambda x: x.to(dtype).to(device)  # noqa: E731
+    held = lambda x: x.to(dtype).float().to(device)  # noqa: E731
+    return dict(
+        q=r(q), k=r(k), v=r(v), g=held(g), beta=r(beta), h0=held(h0), do=r(do), dht=held(dht)
+    )
+
+
+def _query_scaled(forward, scale):
+    def scaled(q, k, v, **kw):
+        return forward((q * scale).to(q.dtype), k, v, **kw)
+
+    return scaled
+
+
+def problems(args, device, dtype):
+    """(description, case, scale) for every problem the options ask for, in the order run."""
+    if args.strategy_case:
+        for label in args.strategy_case:
+            meta = {"strategy_case": label, "dtype": args.dtype}
+            yield meta, strategy_case(label, device, dtype), 1.0
+        return
+    if args.fla_test:
+        for seed in range(args.seeds):
+            for T in args.T:
+                meta = {"fla_test": True, "T": T, "seed": seed, "B": args.B, "H": args.H}
+                meta |= {"d": args.D, "dtype": args.dtype}
+                case = fla_test_case(args.B, T, args.H, args.D, seed, device, dtype)
+                yield meta, case, 0.1
+        return
+    grid = [(g, st, T) for g in args.gates for st in args.states for T in args.T]
+    for seed in range(args.seeds):
+        for gates, states, T in grid:
+            beta = ("mid", "small", "large")[seed % 3]
+            meta = {"gates": gates, "states": states, "beta": beta, "T": T, "seed": seed}
+            meta |= {"B": args.B, "H": args.H, "d": args.D, "dtype": args.dtype}
+            case = inputs(args.B, T, args.H, args.D, seed, device, gates, states, beta, dtype)
+            yield meta, case, 1.0
 
 
 def relative(a, ref):
@@ -216,8 +333,12 @@ def check_kernels(calls, every_config=False) -> dict:
         if every_config:
             entry["configs"] = {}
             for cfg in list(_autotuner(kernel).configs):
-                with forced_config(kernel, cfg):
-                    again = wrapper(**kw)
+                try:
+                    with forced_config(kernel, cfg):
+                        again = wrapper(**kw)
+                except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not run
+                    entry.setdefault("not_run", {})[str(cfg)] = f"{type(e).__name__}: {e}"[:200]
+                    continue
                 found = fk.faithfulness(dict(zip(OUTPUT_NAMES[name], again)), emu)
                 entry["configs"][str(cfg)] = {out: r["ratio"] for out, r in found.items()}
         res[name] = entry
@@ -283,6 +404,21 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument(
+        "--D", type=positive_int, default=64, help="head dimension d_k = d_v (default 64)"
+    )
+    ap.add_argument(
+        "--fla-test",
+        action="store_true",
+        help="fla's own test inputs (positive, scale 0.1, weak logsigmoid gates) at --B --T --H --D",
+    )
+    ap.add_argument(
+        "--strategy-case",
+        nargs="+",
+        default=None,
+        metavar="LABEL",
+        help="rebuild kla_backward strategy cases from their labels instead of the grid",
+    )
+    ap.add_argument(
         "--budget",
         type=float,
         default=0.0,
@@ -332,59 +468,48 @@ def main(argv=None) -> int:
 
         chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass the guard (its only condition)
         forward = fla_gdn_forward
-    classes = [(g, st, T) for g in args.gates for st in args.states for T in args.T]
     rows = []
     out_path = f"{args.out}/fla-640{'-' + args.tag if args.tag else ''}.json" if args.out else None
-    for seed in range(args.seeds):
-        for gates, states, T in classes:
-            if args.budget and time.time() - t_start > args.budget:
-                break
-            beta = ("mid", "small", "large")[seed % 3]
-            t0 = time.time()
-            case = inputs(args.B, T, args.H, 64, seed, device, gates, states, beta, dtype)
-            ref = reference(case)
-            calls = []
-            if args.kernels:
-                with captured_kernels(calls):
-                    bk64 = run(forward, case)
-            else:
-                bk64 = run(forward, case)
-            row = {
-                "gates": gates,
-                "states": states,
-                "beta": beta,
-                "T": T,
-                "seed": seed,
-                "B": args.B,
-                "H": args.H,
-                "d": 64,
-                "dtype": args.dtype,
-            }
-            for name, a, r in zip(NAMES, bk64, ref):
-                row[name] = {"d64": relative(a, r)}
-            if not args.no_pad:
-                for name, b, r in zip(NAMES, run(forward, case, pad_to=128), ref):
-                    row[name]["padded128"] = relative(b, r)
-            if args.ours:
-                for name, c, r in zip(NAMES, run(ours, case), ref):
-                    row[name]["ours"] = relative(c, r)
-            if calls:
-                row["kernels"] = check_kernels(calls, every_config=args.every_config)
-                row["dg_anatomy"] = dg_anatomy(calls, bk64[3], ref[3])
-            row["seconds"] = time.time() - t0
-            rows.append(row)
-            print(_line(row), flush=True)
-            if out_path:
-                with open(out_path, "w") as f:
-                    json.dump(
-                        {
-                            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                            "stand_in": args.stand_in,
-                            "rows": rows,
-                            "summary": summary(rows),
-                        },
-                        f,
-                    )
+    for meta, case, scale in problems(args, device, dtype):
+        if args.budget and time.time() - t_start > args.budget:
+            break
+        t0 = time.time()
+        fwd = forward
+        if scale != 1.0:  # the stand-in scales the (rounded) query itself
+            fwd = fla_scaled(scale) if not args.stand_in else _query_scaled(forward, scale)
+        ref = reference(case, scale)
+        calls = []
+        if args.kernels:
+            with captured_kernels(calls):
+                given = run(fwd, case)
+        else:
+            given = run(fwd, case)
+        row = dict(meta)
+        for name, a, r in zip(NAMES, given, ref):
+            row[name] = {"fla": relative(a, r)}
+        if not args.no_pad:
+            for name, b, r in zip(NAMES, run(fwd, case, pad_to=2 * args.D), ref):
+                row[name]["fla_padded"] = relative(b, r)
+        if args.ours:
+            for name, c, r in zip(NAMES, run(ours, case), ref):
+                row[name]["ours"] = relative(c, r)
+        if calls:
+            row["kernels"] = check_kernels(calls, every_config=args.every_config)
+            row["dg_anatomy"] = dg_anatomy(calls, given[3], ref[3])
+        row["seconds"] = time.time() - t0
+        rows.append(row)
+        print(_line(row), flush=True)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(
+                    {
+                        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                        "stand_in": args.stand_in,
+                        "rows": rows,
+                        "summary": summary(rows),
+                    },
+                    f,
+                )
     s = summary(rows)
     print(f"{s['problems']} problems; largest distance to float64 per gradient and path:")
     for key, w in s["largest_relative"].items():
@@ -401,12 +526,9 @@ def _line(row) -> str:
 
     def fmt(name):
         r = row[name]
-        return f"{name} " + "/".join(f"{r[k]:.2e}" for k in ("d64", "padded128", "ours") if k in r)
+        return f"{name} " + "/".join(f"{r[k]:.2e}" for k in PATHS if k in r)
 
-    text = (
-        f"{row['dtype']} gates={row['gates']} states={row['states']} beta={row['beta']} T={row['T']} "
-        f"seed={row['seed']}: " + "  ".join(fmt(n) for n in NAMES)
-    )
+    text = f"{_describe(row)}: " + "  ".join(fmt(n) for n in NAMES)
     if "kernels" in row:
         worst = _worst_kernel_ratio(row)
         a = row["dg_anatomy"]
@@ -416,6 +538,11 @@ def _line(row) -> str:
             f" kappa_terms {a['kappa_terms']:.3g}, kappa_cumsum {a['kappa_cumsum']:.3g}"
         )
     return text + f"  ({row['seconds']:.1f} s)"
+
+
+def _describe(row) -> str:
+    keys = ("dtype", "strategy_case", "fla_test", "gates", "states", "beta", "T", "seed")
+    return " ".join(f"{k}={row[k]}" for k in keys if k in row)
 
 
 def _worst_kernel_ratio(row):
@@ -440,13 +567,13 @@ def summary(rows) -> dict:
         "worst_kernel_ratio": None,
     }
     for name in NAMES:
-        for path in ("d64", "padded128", "ours"):
+        for path in PATHS:
             vals = [(r[name][path], r) for r in rows if path in r[name]]
             if vals:
                 v, r = max(vals, key=lambda x: x[0])
                 s["largest_relative"][f"{name} {path}"] = {
                     "value": v,
-                    "case": {k: r[k] for k in ("gates", "states", "beta", "T", "seed")},
+                    "case": _describe(r),
                 }
     checked = [r for r in rows if "kernels" in r]
     if checked:
@@ -459,11 +586,7 @@ def summary(rows) -> dict:
             "where": _worst_kernel_ratio(worst)[1],
         }
         s["dg_anatomy_worst"] = max(
-            (
-                r["dg_anatomy"]
-                | {"case": r["gates"] + "/" + r["states"] + f"/T={r['T']}/seed={r['seed']}"}
-                for r in checked
-            ),
+            (r["dg_anatomy"] | {"case": _describe(r)} for r in checked),
             key=lambda a: a["emulated_vs_reference"],
         )
     return s
