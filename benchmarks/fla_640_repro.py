@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -183,14 +184,14 @@ def strategy_case(label, device, dtype=torch.bfloat16):
     v = torch.randn(B, T, HV, d_v, **f64)
     u = torch.rand(B, T, HV, **f64)
     weak, strong = -0.02 * u, -10.0 + 0.5 * u
-    g = {"weak": weak, "strong": strong}.get(fields["gates"])
-    if g is None:
-        g = torch.where(torch.rand(B, T, HV, **f64) < 0.5, weak, strong)
+    # the strategy builds every regime's array before choosing one: the "mixed" draw is
+    # consumed whatever the regime
+    mixed = torch.where(torch.rand(B, T, HV, **f64) < 0.5, weak, strong)
+    g = {"weak": weak, "strong": strong, "mixed": mixed}[fields["gates"]]
     w = torch.rand(B, T, HV, **f64)
     small, large = 0.02 * w, 1.95 + 0.05 * w
-    beta = {"small": small, "large": large}.get(fields["beta"])
-    if beta is None:
-        beta = torch.where(torch.rand(B, T, HV, **f64) < 0.5, small, large)
+    mixed = torch.where(torch.rand(B, T, HV, **f64) < 0.5, small, large)
+    beta = {"small": small, "large": large, "mixed": mixed}[fields["beta"]]
     zeros = torch.zeros(B, HV, d_k, d_v, dtype=torch.float64)
     h0 = torch.randn(B, HV, d_k, d_v, **f64) if fields["h0"] == "random" else zeros
     do = torch.randn(B, T, HV, d_v, **f64)
@@ -377,6 +378,103 @@ def dg_anatomy(calls, fla_dg, ref_dg) -> dict:
     }
 
 
+def exact_operands(case, scale=1.0, BT=64):
+    """The operands fla's two suspect kernels receive, in exact (float64) arithmetic, for a
+    sequence of one chunk (T <= 64): the chunk-local cumulative gate ``G`` (base 2), the WY
+    blocks ``A = (I + strictly_lower(beta k k^T o exp(g_t - g_s)))^-1``, ``w = A (k beta e^g)``,
+    ``u = A (v beta)``, ``v_new = u - w h0``, the state adjoint ``dh = dht`` and
+    ``dv = dv_local + (k o exp(g_L - g)) dht`` with ``dv_local_s = sum_{t >= s} scale
+    (q_t . k_s) exp(g_t - g_s) do_t``. Returns ``(dqkwg keywords, wy keywords)``."""
+    c = {n: x.double() for n, x in case.items()}
+    q, k, v, beta, do = c["q"], c["k"], c["v"], c["beta"], c["do"]
+    B, T, H, K = q.shape
+    if T > BT:
+        raise ValueError(f"exact_operands covers one chunk (T <= {BT}), got T = {T}")
+    gl = c["g"].cumsum(1)  # natural log, (B, T, H)
+    hd = lambda x: x.transpose(1, 2)  # noqa: E731  (B, H, T, ...)
+    qh, kh, vh, doh, bh, gh = hd(q), hd(k), hd(v), hd(do), hd(beta), hd(gl)
+    gap = gh[..., :, None] - gh[..., None, :]
+    i = torch.arange(T, device=q.device)
+    strict, causal = i[:, None] > i[None, :], i[:, None] >= i[None, :]
+    decay = lambda mask: torch.where(mask, gap, torch.full_like(gap, -torch.inf)).exp()  # noqa: E731
+    Lm = bh[..., None] * (kh @ kh.transpose(-1, -2)) * decay(strict)
+    A = torch.linalg.inv(torch.eye(T, dtype=q.dtype, device=q.device) + Lm)
+    w = A @ (kh * (bh * gh.exp())[..., None])
+    u = A @ (vh * bh[..., None])
+    h0, dht = c["h0"], c["dht"]  # (B, H, K, V)
+    v_new = u - w @ h0
+    P = scale * (qh @ kh.transpose(-1, -2)) * decay(causal)
+    dv = P.transpose(-1, -2) @ doh + (kh * (gh[..., -1:] - gh).exp()[..., None]) @ dht
+    back = lambda x: x.transpose(1, 2)  # noqa: E731
+    G = gl / math.log(2.0)
+    Ap = torch.zeros(B, H, T, BT, dtype=q.dtype, device=q.device)
+    Ap[..., :T] = A
+    dqkwg = dict(q=q, k=k, v=back(v_new), g=G, h=h0[:, None], do=do, dh=dht[:, None], dv=back(dv))
+    wy = dict(
+        k=k, v=v, beta=beta, g=G, A=back(Ap), dw=back(-(dv @ h0.transpose(-1, -2))), du=back(dv)
+    )
+    return dqkwg | {"scale": scale}, wy
+
+
+def exact_anatomy(case, scale=1.0) -> dict:
+    """fla's decomposition of dg in exact arithmetic (one chunk): the reverse cumulative sum of
+    the two kernels' gate gradients (``dg_from_decomposition``, which must equal the float64
+    reference: a check of the decomposition), and how much larger dg's summands are than dg
+    (``kappa_terms``, ``kappa_cumsum`` as in :func:`dg_anatomy`)."""
+    kw1, kw2 = exact_operands(case, scale)
+    e1 = fk.emulate_dqkwg(**kw1)
+    e2 = fk.emulate_wy_bwd(**kw2)
+    dgc = e1["dg"][0] + e2["dg"][0]
+    dg = _reverse_cumsum(dgc)
+    ref = reference(case, scale)[3]
+    n = ref.norm().item()
+    return {
+        "dg_norm": n,
+        "decomposition_vs_reference": (dg - ref).norm().item() / n,
+        "kappa_terms": _reverse_cumsum(e1["dg_summands"][0] + e2["dg_summands"][0]).norm().item()
+        / n,
+        "kappa_cumsum": _reverse_cumsum(dgc.abs()).norm().item() / n,
+    }
+
+
+def simulated_dg(case, scale=1.0, dtype=torch.bfloat16) -> dict:
+    """fla's dg in float32 without a GPU (one chunk): the exact operands stored in ``dtype`` as
+    fla stores them (the gate in float32), both kernels' steps run in float32 by
+    ``fla_640_kernels`` (round to nearest), the reverse cumulative sum in float32. Returns the
+    norm-wise relative error against the float64 reference, the largest per-token relative
+    error and the per-token amplification ``revcumsum(sum of |terms|)_t / |dg_t|``."""
+    kw1, kw2 = exact_operands(case, scale)
+    stored = lambda x: x.to(dtype) if torch.is_tensor(x) else x  # noqa: E731
+    for kw in (kw1, kw2):
+        for n in kw:
+            kw[n] = kw[n].float() if n == "g" else stored(kw[n])
+    f32 = dict(work=torch.float32)
+    dgc = fk.emulate_dqkwg(**kw1, **f32)["dg"][0] + fk.emulate_wy_bwd(**kw2, **f32)["dg"][0]
+    dg = _reverse_cumsum(dgc)
+    exact = exact_anatomy_terms(case, scale)
+    ref = reference(case, scale)[3]
+    nonzero = ref.abs().flatten() > 0  # dg_t = 0 exactly where S_{t-1} = 0 (t = 0, h0 = 0)
+    per_token = ((dg.double() - ref).abs() / ref.abs()).flatten()[nonzero]
+    kappa_t = (exact / ref.abs()).flatten()[nonzero]
+    worst = int(per_token.argmax())
+    return {
+        "normwise": (dg.double() - ref).norm().item() / ref.norm().item(),
+        "median_per_token": per_token.median().item(),
+        "largest_per_token": per_token[worst].item(),
+        "kappa_at_that_token": kappa_t[worst].item(),
+        "tokens_over_0.1": int((per_token > 0.1).sum()),
+        "tokens": per_token.numel(),
+        "median_kappa_t": kappa_t.median().item(),
+    }
+
+
+def exact_anatomy_terms(case, scale=1.0):
+    """``revcumsum(sum of |terms|)`` per token, from the exact operands (one chunk)."""
+    kw1, kw2 = exact_operands(case, scale)
+    terms = fk.emulate_dqkwg(**kw1)["dg_summands"][0] + fk.emulate_wy_bwd(**kw2)["dg_summands"][0]
+    return _reverse_cumsum(terms)
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=positive_int, default=8, help="problems per class (default 8)")
@@ -443,6 +541,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="our kernel in fla's place (a CPU test of the script)",
     )
+    ap.add_argument(
+        "--cpu-anatomy",
+        action="store_true",
+        help="no fla, no GPU: fla's dg decomposition in exact arithmetic and in float32 "
+        "(one chunk, T <= 64)",
+    )
     ap.add_argument("--out", default=None, help="folder for fla-640[-TAG].json")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args(argv)
@@ -460,6 +564,13 @@ def main(argv=None) -> int:
             q, k, v, g=g, beta=beta, initial_state=initial_state.to(q.dtype), chunk_size=64, **kw
         )
 
+    if args.cpu_anatomy:
+        for meta, case, scale in problems(args, "cpu", dtype):
+            exact, sim = exact_anatomy(case, scale), simulated_dg(case, scale, dtype)
+            print(_describe(meta))
+            print("  exact:  " + ", ".join(f"{k} {v:.3g}" for k, v in exact.items()))
+            print("  float32: " + ", ".join(f"{k} {v:.3g}" for k, v in sim.items()), flush=True)
+        return 0
     if args.stand_in:
         forward = stand_in
         args.kernels = False

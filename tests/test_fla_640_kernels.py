@@ -120,3 +120,50 @@ def test_fla_kernels_under_the_interpreter():
     final = repro._reverse_cumsum(out1[3] + out2[3])
     anatomy = repro.dg_anatomy(calls, final, final.double())
     assert anatomy["fla_vs_its_kernels"] < 1e-6 and anatomy["kappa_terms"] >= 1.0, anatomy
+
+
+# the case of the GPU search (benchmarks/results/kla-backward-search-d64.json) whose dg was 0.10
+# from the reference at one token
+RECORDED = (
+    "mode=gdn B,T,H,HV=(2,64,4,4) d_k=64 d_v=64 C=64 gates=strong beta=small h0=0 dht=random "
+    "cu_seqlens=None seed=64100128"
+)
+
+
+def _repro():
+    sys.path.insert(0, os.path.dirname(__file__))
+    import fla_640_repro
+
+    return fla_640_repro
+
+
+def test_strategy_case_rebuilds_the_recorded_case():
+    # the record's reference sizes at its worst elements: ||dv_t|| of one token and ||dh0|| of
+    # one head (float32 reference there, float64 here: agreement to 1e-6 relative)
+    repro = _repro()
+    ref = repro.reference(repro.strategy_case(RECORDED, "cpu"))
+    dv_tokens = ref[2].norm(dim=-1).flatten()
+    dh0_heads = ref[5].flatten(-2).norm(dim=-1).flatten()
+    assert (dv_tokens - 0.05209289831934769).abs().min() < 1e-6 * 0.0521
+    assert (dh0_heads - 0.0004422729370930055).abs().min() < 1e-6 * 4.42e-4
+
+
+@pytest.mark.parametrize("gates", ["strong", "weak", "mixed"])
+def test_fla_decomposition_of_dg_is_exact(gates):
+    # fla's dg: the reverse cumulative sum over the chunk of its two kernels' gate gradients;
+    # in float64 it equals autograd through the token recurrence (float64 rounding, amplified
+    # by kappa_cumsum <= 40: a 1e-9 allowance)
+    repro = _repro()
+    case = repro.inputs(1, 40, 2, 16, 0, "cpu", gates, "both", "mid")
+    a = repro.exact_anatomy(case)
+    assert a["decomposition_vs_reference"] < 1e-9, a
+
+
+def test_float32_rounding_alone_gives_the_recorded_dg_error():
+    # the judgement on the recorded 0.10: fla's decomposition run in round-to-nearest float32
+    # on bf16-stored operands (no GPU, no fault possible) is >= 10 % off on a third of the
+    # tokens of that case, and 1-2 % norm-wise, as fla measured on the H200 on its neighbours
+    repro = _repro()
+    sim = repro.simulated_dg(repro.strategy_case(RECORDED, "cpu"))
+    assert sim["tokens_over_0.1"] > sim["tokens"] // 4, sim
+    assert 0.005 < sim["normwise"] < 0.05, sim
