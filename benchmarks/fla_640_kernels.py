@@ -20,6 +20,13 @@ value near a rounding boundary may round either way. :func:`faithfulness` return
 the largest ``|kernel - emulation| / allowed`` over the elements: at most 1 when the kernel did
 its arithmetic (with any accumulation order); a wrong product gives ratios in the thousands.
 
+The bound on the tensor-core products is a switch (:func:`dot_error`): round-to-nearest
+float32 accumulation (``"rn"``) or the tensor-core block-FMA model with truncation (``"tc"``),
+emulated in plain torch by :func:`tc_matmul`. ``chunk_bwd_dqkwg`` sums ``h o dh`` in the input
+dtype (bf16 products, a bf16 ``tl.sum``), which no a-priori bound covers at these sizes; the
+emulation takes that sum as an argument (``hdh_sum``: :func:`input_dtype_sum` models it, and on
+the GPU a replica of the kernel's line supplies it).
+
 The formulas are those of the kernels' steps (fla-core 0.6.0, ``fla/ops/common/chunk_o.py`` and
 ``fla/ops/gated_delta_rule/wy_fast.py``); the gate ``g`` is fla's chunk-local cumulative log
 gate in base 2 (``exp2(g)``), and one head of values per head of keys (H = HV).
