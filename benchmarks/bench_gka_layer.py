@@ -268,10 +268,125 @@ def tune(q, k, ref, results):
     results["chosen"] = {"chunk": C, "num_warps": nw, "maxnreg": maxnreg, "states_block": bj}
 
 
+# Variants compared side by side (--variants): the chunk-state walk (segments walked by
+# separate programs, software-pipeline depth, state columns per program) and the launch shape
+# of the solve kernel (chunk, warps, register cap: the cap sets how many programs share an SM).
+STATE_CANDIDATES = (  # (segments, stages, state columns per program)
+    (1, 1, 32),
+    (1, 2, 32),
+    (1, 3, 32),
+    (2, 2, 32),
+    (4, 1, 32),
+    (4, 2, 32),
+    (4, 3, 32),
+    (8, 2, 32),
+    (4, 2, 16),
+)
+STATE_CANDIDATES_OTHER_CHUNKS = ((1, 1, 32), (4, 2, 32), (8, 2, 32), (8, 3, 32))
+SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
+    (32, 4, None),
+    (16, 2, 200),
+    (16, 2, None),
+    (16, 4, 128),
+    (32, 4, 168),
+    (64, 8, None),
+)
+
+
+def _set_states(mod, segments, stages, bj):
+    mod.STATES_LAUNCH.clear()
+    mod.STATES_LAUNCH.update(segments=segments, stages=stages)
+    mod.STATES_BLOCK_J = bj
+
+
+def _set_solve(mod, C, nw, maxnreg):
+    mod.SOLVE_LAUNCH.clear()
+    mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+    mod.DEFAULT_CHUNK["bfloat16/operands"] = C
+
+
+def variants(q, k, ref, results):
+    """Every state and solve candidate: GPU time (profiler kernel sum, with the per-kernel split)
+    and wall time; the states compared bitwise with the plain walk's, each solve's error
+    against float64 (the solve timed with the fastest states of its chunk). The fastest of
+    each (states equal, error within ERR_TARGET) are set for the rest of the run."""
+    import importlib
+
+    import kernels
+
+    mod = importlib.import_module("kernels.gka_layer")
+    idx, x_ch, _, _, _ = ref
+    table = {}
+    for C in sorted({c[0] for c in SOLVE_CANDIDATES}):
+        p = mod.prepare(q, k, None, None, None, A, C)
+        _set_states(mod, 1, 1, 32)
+        plain = mod.chunk_states(p, torch.bfloat16, "bf16", with_u=False)[0]
+        for seg, st, bj in STATE_CANDIDATES if C == 32 else STATE_CANDIDATES_OTHER_CHUNKS:
+            name = f"states C={C} segments={seg} stages={st} block_j={bj}"
+            _set_states(mod, seg, st, bj)
+            fn = lambda: mod.chunk_states(p, torch.bfloat16, "bf16", with_u=False)  # noqa: E731
+            try:
+                same = bool(torch.equal(fn()[0], plain))
+                t = timed(fn, reps=9, warm=2)
+                table[name] = {
+                    "gpu_ms": t["gpu_ms"]["median"],
+                    "wall_ms": t["wall_ms"]["median"],
+                    "bitwise_equal": same,
+                }
+            except Exception as e:  # a shape that does not compile
+                table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            print("variant", name, json.dumps(table[name]), flush=True)
+        del plain, p
+    best_states = {}
+    for name, r in table.items():
+        if isinstance(r, dict) and r["bitwise_equal"]:
+            C = int(name.split("C=")[1].split()[0])
+            if C not in best_states or r["gpu_ms"] < best_states[C][0]:
+                cfg = [int(t.split("=")[1]) for t in name.split()[2:]]
+                best_states[C] = (r["gpu_ms"], cfg)
+    best = None
+    for C, nw, maxnreg in SOLVE_CANDIDATES:
+        name = f"solve C={C} warps={nw} maxnreg={maxnreg}"
+        _set_states(mod, *best_states.get(C, (0, (1, 1, 32)))[1])
+        _set_solve(mod, C, nw, maxnreg)
+        fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
+        try:
+            err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
+            t = timed(fn, reps=9, warm=2)
+            table[name] = {
+                "gpu_ms": t["gpu_ms"]["median"],
+                "wall_ms": t["wall_ms"]["median"],
+                "err": err,
+                "kernels_ms": t["kernels_ms"],
+                "states": best_states.get(C, (0, None))[1],
+            }
+            if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
+                best = (t["gpu_ms"]["median"], (C, nw, maxnreg))
+        except Exception as e:
+            table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+        print("variant", name, json.dumps(table[name]), flush=True)
+    results["variants"] = table
+    if best is None:
+        return
+    C = best[1][0]
+    _set_states(mod, *best_states.get(C, (0, (1, 1, 32)))[1])
+    _set_solve(mod, *best[1])
+    results["chosen"] = {
+        "solve": dict(zip(("chunk", "num_warps", "maxnreg"), best[1])),
+        "states": dict(zip(("segments", "stages", "block_j"), best_states.get(C, (0, None))[1])),
+    }
+    print("chosen", json.dumps(results["chosen"]), flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="time the chunk-state and solve-loop variants side by side and keep the fastest",
+    )
     ap.add_argument(
         "--solve-only",
         action="store_true",
@@ -295,6 +410,8 @@ def main(argv=None):
     ref = reference_subset(q, k, v)
     if args.tune:
         tune(q, k, ref, results)
+    if args.variants:
+        variants(q, k, ref, results)
     if args.solve_only:
         _run_solve(q, k, ref, results, "bfloat16/operands", "bfloat16-operands")
         args.skip_fla = args.skip_materialised = True

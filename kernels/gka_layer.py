@@ -56,6 +56,8 @@ SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
+# Chunk-state kernel: segments of chunks walked by separate programs, pipeline depth of the walk.
+STATES_LAUNCH = {"segments": 1, "stages": 1}
 
 
 @dataclass
@@ -176,9 +178,10 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
     H0 = launch.empty_out((N, NC, D, D), state_dtype, p.k.device)
     U0 = launch.empty_out((N, NC, Dv, D), state_dtype, p.k.device) if with_u else H0
     BJ = min(STATES_BLOCK_J, launch.block(D))
+    segments = max(1, min(STATES_LAUNCH["segments"], NC))
     if N:
         dummy = p.k
-        states_kernel[(N, triton.cdiv(D, BJ))](
+        states_kernel[(N, triton.cdiv(D, BJ), segments)](
             p.k,
             p.v if with_u else p.k,
             _or(p.G, dummy),
@@ -196,6 +199,7 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_B=p.beta is not None,
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
+            STAGES=STATES_LAUNCH["stages"],
             num_warps=4,
         )
     return H0, (U0 if with_u else None)

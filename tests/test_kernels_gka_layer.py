@@ -201,6 +201,57 @@ def test_solve_stage_matches_layer_x_and_fro():
     )  # FWD (dfro)
 
 
+# ----------------------------------------------------------------------------- launch variants
+# The launch variants the benchmark compares (kernels/gka_layer.py): the segmented or pipelined
+# chunk-state walk performs the same float32 operations in the same order as the plain walk, so
+# its states are bitwise equal; each solve launch shape must meet the same bound (GPU test).
+
+STATE_VARIANTS = [{"segments": 3, "stages": 1}, {"segments": 2, "stages": 2}]
+
+
+@pytest.mark.parametrize("launch", STATE_VARIANTS)
+@pytest.mark.parametrize("with_u", [False, True])
+def test_segmented_state_walk_is_bitwise_the_plain_walk(launch, with_u, monkeypatch):
+    x = make_case(15, N=2, T=90, D=12, Dv=5, gates=True)
+    p = mod.prepare(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.05, 16)  # 6 chunks
+    plain = mod.chunk_states(p, torch.float32, "ieee", with_u)
+    monkeypatch.setattr(mod, "STATES_LAUNCH", launch)
+    seg = mod.chunk_states(p, torch.float32, "ieee", with_u)
+    for a, b in zip(plain, seg):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_segmented_state_walk_stores_every_chunk(monkeypatch):
+    # more segments than chunks, and a segment count that does not divide them: no state is
+    # left unwritten (the outputs start as NaN) and none is written twice with another value
+    x = make_case(16, N=1, T=70, D=8, Dv=3, gates=True)
+    p = mod.prepare(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.05, 16)  # 5 chunks
+    plain = mod.chunk_states(p, torch.float32, "ieee", True)
+    for segments in (4, 9):
+        monkeypatch.setattr(mod, "STATES_LAUNCH", {"segments": segments, "stages": 1})
+        seg = mod.chunk_states(p, torch.float32, "ieee", True)
+        assert all(torch.equal(a, b) for a, b in zip(plain, seg))
+
+
+def test_broken_segment_start_fails(monkeypatch):
+    # a segmented walk whose programs start from zero at their segment (the carried state
+    # dropped) is caught: the variant test above can fail
+    x = make_case(18, gates=True)
+    monkeypatch.setattr(mod, "STATES_LAUNCH", {"segments": 3, "stages": 1})
+    assert forward_excess(x) <= 1.0
+    original = mod.chunk_states
+
+    def dropped_carry(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        H0[:, 1] = 0.0  # chunk 1 starts its segment from zero instead of the carried state
+        if U0 is not None:
+            U0[:, 1] = 0.0
+        return H0, U0
+
+    monkeypatch.setattr(mod, "chunk_states", dropped_carry)
+    assert forward_excess(x) > 1.0
+
+
 # ----------------------------------------------------------------------------- broken variants
 
 
@@ -456,3 +507,22 @@ def test_gpu_broken_variants_fail(variant, monkeypatch):
         "sqrt": test_broken_lambda_without_square_root_fails,
         "state": test_broken_state_from_wrong_chunk_fails,
     }[variant](monkeypatch)
+
+
+GPU_VARIANTS = [  # (chunk, warps, register cap, chunk-state launch)
+    (32, 4, None, {"segments": 4, "stages": 2}),
+    (16, 2, 200, {"segments": 8, "stages": 3}),
+    (16, 4, 128, {"segments": 1, "stages": 2}),
+    (64, 8, None, {"segments": 4, "stages": 1}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C, warps, maxnreg, states", GPU_VARIANTS)
+def test_gpu_variants_within_bound_d128(C, warps, maxnreg, states, monkeypatch):
+    # the benchmark's candidates (benchmarks/bench_gka_layer.py --variants) at D = 128, bf16
+    monkeypatch.setattr(mod, "STATES_LAUNCH", states)
+    launch = {"num_warps": warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
+    monkeypatch.setattr(mod, "SOLVE_LAUNCH", launch)
+    x = make_case(21, N=2, T=200, D=128, Dv=64, gates=True, dtype=torch.bfloat16)
+    assert forward_excess(x, contract="bfloat16/operands", C=C, iters=30, a=0.02) <= 1.0  # FWD
