@@ -268,21 +268,10 @@ def tune(q, k, ref, results):
     results["chosen"] = {"chunk": C, "num_warps": nw, "maxnreg": maxnreg, "states_block": bj}
 
 
-# Variants compared side by side (--variants): the chunk-state walk (segments walked by
-# separate programs, software-pipeline depth, state columns per program) and the launch shape
-# of the solve kernel (chunk, warps, register cap: the cap sets how many programs share an SM).
-STATE_CANDIDATES = (  # (segments, stages, state columns per program)
-    (1, 1, 32),
-    (1, 2, 32),
-    (1, 3, 32),
-    (2, 2, 32),
-    (4, 1, 32),
-    (4, 2, 32),
-    (4, 3, 32),
-    (8, 2, 32),
-    (4, 2, 16),
-)
-STATE_CANDIDATES_OTHER_CHUNKS = ((1, 1, 32), (4, 2, 32), (8, 2, 32), (8, 3, 32))
+# Variants compared side by side (--variants): the launch shape of the solve kernel (chunk,
+# warps, register cap: the cap sets how many programs share an SM) and of the chunk-state
+# kernel (segments walked by separate programs, software-pipeline depth, chunks per product in
+# the no-gate prefix of a segment), each timed inside the solve stage.
 SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
     (32, 4, None),
     (16, 2, 200),
@@ -291,12 +280,21 @@ SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
     (32, 4, 168),
     (64, 8, None),
 )
+STATE_CANDIDATES = (  # (segments, stages, prefix)
+    (1, 1, 1),
+    (1, 3, 1),
+    (2, 3, 4),
+    (4, 2, 4),
+    (4, 3, 4),
+    (8, 2, 4),
+    (8, 3, 4),
+    (16, 2, 4),
+)
 
 
-def _set_states(mod, segments, stages, bj):
+def _set_states(mod, segments, stages, prefix):
     mod.STATES_LAUNCH.clear()
-    mod.STATES_LAUNCH.update(segments=segments, stages=stages)
-    mod.STATES_BLOCK_J = bj
+    mod.STATES_LAUNCH.update(segments=segments, stages=stages, prefix=prefix)
 
 
 def _set_solve(mod, C, nw, maxnreg):
@@ -305,77 +303,80 @@ def _set_solve(mod, C, nw, maxnreg):
     mod.DEFAULT_CHUNK["bfloat16/operands"] = C
 
 
-def variants(q, k, ref, results):
-    """Every state and solve candidate: GPU time (profiler kernel sum, with the per-kernel split)
-    and wall time; the states compared bitwise with the plain walk's, each solve's error
-    against float64 (the solve timed with the fastest states of its chunk). The fastest of
-    each (states equal, error within ERR_TARGET) are set for the rest of the run."""
+def _candidate(fn, ref, kernel):
+    """GPU and wall time of the bf16 solve stage ``fn``, the named kernel's share, the error."""
+    idx, x_ch, _, _, _ = ref
+    err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
+    t = timed(fn, reps=9, warm=2)
+    return {
+        "gpu_ms": t["gpu_ms"]["median"],
+        "wall_ms": t["wall_ms"]["median"],
+        f"{kernel}_ms": t["kernels_ms"].get(kernel),
+        "err": err,
+        "kernels_ms": t["kernels_ms"],
+    }
+
+
+def variants(q, k, v, ref, results, which):
+    """Solve-kernel candidates (with the plain chunk-state walk) and chunk-state candidates (with
+    the default solve kernel), each timed inside the whole bf16 solve stage: GPU time (profiler
+    kernel sum, with the per-kernel split), wall time, error against float64. The fastest of
+    each kind (error within ERR_TARGET) is set for the rest of the run."""
     import importlib
 
     import kernels
 
     mod = importlib.import_module("kernels.gka_layer")
-    idx, x_ch, _, _, _ = ref
-    table = {}
-    for C in sorted({c[0] for c in SOLVE_CANDIDATES}):
-        p = mod.prepare(q, k, None, None, None, A, C)
-        _set_states(mod, 1, 1, 32)
-        plain = mod.chunk_states(p, torch.bfloat16, "bf16", with_u=False)[0]
-        for seg, st, bj in STATE_CANDIDATES if C == 32 else STATE_CANDIDATES_OTHER_CHUNKS:
-            name = f"states C={C} segments={seg} stages={st} block_j={bj}"
-            _set_states(mod, seg, st, bj)
-            fn = lambda: mod.chunk_states(p, torch.bfloat16, "bf16", with_u=False)  # noqa: E731
+    fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
+    table, chosen = {}, {}
+    for kind, cands, kernel, apply in (
+        ("solve", SOLVE_CANDIDATES, "solve_kernel", _set_solve),
+        ("states", STATE_CANDIDATES, "states_kernel", _set_states),
+    ):
+        if which not in ("all", kind):
+            continue
+        best = None
+        for cand in cands:
+            _set_states(mod, 1, 1, 1)
+            _set_solve(mod, 32, 4, None)
+            apply(mod, *cand)
+            name = f"{kind} {cand}"
             try:
-                same = bool(torch.equal(fn()[0], plain))
-                t = timed(fn, reps=9, warm=2)
-                table[name] = {
-                    "gpu_ms": t["gpu_ms"]["median"],
-                    "wall_ms": t["wall_ms"]["median"],
-                    "bitwise_equal": same,
-                }
-            except Exception as e:  # a shape that does not compile
+                r = _candidate(fn, ref, kernel)
+                table[name] = r
+                if r["err"] <= ERR_TARGET and (best is None or r[f"{kernel}_ms"] < best[0]):
+                    best = (r[f"{kernel}_ms"], cand)
+            except Exception as e:  # a shape that does not compile (registers, shared memory)
                 table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
             print("variant", name, json.dumps(table[name]), flush=True)
-        del plain, p
-    best_states = {}
-    for name, r in table.items():
-        if isinstance(r, dict) and r["bitwise_equal"]:
-            C = int(name.split("C=")[1].split()[0])
-            if C not in best_states or r["gpu_ms"] < best_states[C][0]:
-                cfg = [int(t.split("=")[1]) for t in name.split()[2:]]
-                best_states[C] = (r["gpu_ms"], cfg)
-    best = None
-    for C, nw, maxnreg in SOLVE_CANDIDATES:
-        name = f"solve C={C} warps={nw} maxnreg={maxnreg}"
-        _set_states(mod, *best_states.get(C, (0, (1, 1, 32)))[1])
-        _set_solve(mod, C, nw, maxnreg)
-        fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
-        try:
-            err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
-            t = timed(fn, reps=9, warm=2)
-            table[name] = {
+        if best is not None:
+            chosen[kind] = best[1]
+    _set_states(mod, *chosen.get("states", (1, 1, 1)))
+    _set_solve(mod, *chosen.get("solve", (32, 4, None)))
+    results["variants"] = table
+    results["chosen"] = {kind: list(c) for kind, c in chosen.items()}
+    print("chosen", json.dumps(results["chosen"]), flush=True)
+    if "states" in chosen:  # the layer forward (states with U) with the plain and the chosen walk
+        layer = lambda: kernels.gka_layer(q, k, v, a=A, iters=R)  # noqa: E731
+        for label, cand in (("plain", (1, 1, 1)), ("chosen", chosen["states"])):
+            _set_states(mod, *cand)
+            t = timed(layer, reps=9, warm=2)
+            table[f"layer fwd states {label} {cand}"] = {
                 "gpu_ms": t["gpu_ms"]["median"],
                 "wall_ms": t["wall_ms"]["median"],
-                "err": err,
                 "kernels_ms": t["kernels_ms"],
-                "states": best_states.get(C, (0, None))[1],
             }
-            if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
-                best = (t["gpu_ms"]["median"], (C, nw, maxnreg))
-        except Exception as e:
-            table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
-        print("variant", name, json.dumps(table[name]), flush=True)
-    results["variants"] = table
-    if best is None:
-        return
-    C = best[1][0]
-    _set_states(mod, *best_states.get(C, (0, (1, 1, 32)))[1])
-    _set_solve(mod, *best[1])
-    results["chosen"] = {
-        "solve": dict(zip(("chunk", "num_warps", "maxnreg"), best[1])),
-        "states": dict(zip(("segments", "stages", "block_j"), best_states.get(C, (0, None))[1])),
-    }
-    print("chosen", json.dumps(results["chosen"]), flush=True)
+            print("variant layer", label, json.dumps(table[f"layer fwd states {label} {cand}"]))
+        _set_states(mod, *chosen["states"])
+
+
+def once(q, k):
+    """One bf16 solve stage after one warm-up call (for a profiler such as ncu)."""
+    import kernels
+
+    for _ in range(2):
+        kernels.gka_solve(q, k, a=A, iters=R)
+    torch.cuda.synchronize()
 
 
 def main(argv=None):
@@ -384,8 +385,11 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true")
     ap.add_argument(
         "--variants",
-        action="store_true",
-        help="time the chunk-state and solve-loop variants side by side and keep the fastest",
+        choices=("all", "solve", "states"),
+        help="time the solve-kernel and/or chunk-state launch variants side by side; keep the fastest",
+    )
+    ap.add_argument(
+        "--once", action="store_true", help="one solve stage, nothing timed (profilers)"
     )
     ap.add_argument(
         "--solve-only",
@@ -407,11 +411,13 @@ def main(argv=None):
         "problem": dict(B=B, T=T, heads=NH, D=D, r=R, a=A, dtype="bfloat16", gate=None),
     }
     q, k, v = inputs()
+    if args.once:
+        return once(q, k)
     ref = reference_subset(q, k, v)
     if args.tune:
         tune(q, k, ref, results)
     if args.variants:
-        variants(q, k, ref, results)
+        variants(q, k, v, ref, results, args.variants)
     if args.solve_only:
         _run_solve(q, k, ref, results, "bfloat16/operands", "bfloat16-operands")
         args.skip_fla = args.skip_materialised = True

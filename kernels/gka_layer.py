@@ -56,8 +56,9 @@ SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
-# Chunk-state kernel: segments of chunks walked by separate programs, pipeline depth of the walk.
-STATES_LAUNCH = {"segments": 1, "stages": 1}
+# Chunk-state kernel (kernels/gka_layer_fwd.py, states_kernel): segments of chunks walked by
+# separate programs, pipeline depth, chunks per product in the no-gate prefix of a segment.
+STATES_LAUNCH = {"segments": 1, "stages": 1, "prefix": 1}
 
 
 @dataclass
@@ -179,6 +180,9 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
     U0 = launch.empty_out((N, NC, Dv, D), state_dtype, p.k.device) if with_u else H0
     BJ = min(STATES_BLOCK_J, launch.block(D))
     segments = max(1, min(STATES_LAUNCH["segments"], NC))
+    prefix = STATES_LAUNCH.get("prefix", 1)
+    if prefix not in (1, 2, 4, 8):
+        raise ValueError(f"STATES_LAUNCH['prefix'] must be 1, 2, 4 or 8, got {prefix!r}")
     if N:
         dummy = p.k
         states_kernel[(N, triton.cdiv(D, BJ), segments)](
@@ -200,6 +204,7 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
             STAGES=STATES_LAUNCH["stages"],
+            PREFIX=prefix,
             num_warps=4,
         )
     return H0, (U0 if with_u else None)

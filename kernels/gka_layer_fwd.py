@@ -76,11 +76,15 @@ def states_kernel(
     HAS_U: tl.constexpr,
     PREC: tl.constexpr,
     STAGES: tl.constexpr = 1,
+    PREFIX: tl.constexpr = 1,
 ):
-    # Program (n, j, p) walks the chunks 0 .. end of segment p and stores the states of its
-    # segment only: the walk before the segment has no stores, so the segments' programs run in
-    # parallel (one segment: the plain walk). STAGES > 1 lets the compiler's software pipeliner
-    # prefetch the keys of later chunks (asynchronous copies to shared memory).
+    # Program (n, j, p) computes the state at the start of segment p, then walks the chunks of
+    # the segment and stores their states (one segment: the plain walk). The state at the
+    # segment start is the same walk without stores, or, without a gate (no decay between
+    # chunks), the sum K^T diag(beta) K over the tokens before the segment taken PREFIX chunks
+    # per product: a chain of start / PREFIX steps instead of start (the same sum, accumulated
+    # in another order). STAGES > 1 lets the compiler's software pipeliner prefetch the keys
+    # of later steps (asynchronous copies to shared memory).
     i_n = tl.program_id(0).to(tl.int64)
     i_j = tl.program_id(1)
     seg_len = tl.cdiv(NC, tl.num_programs(2))
@@ -96,7 +100,21 @@ def states_kernel(
     Tp = NC * C
     b_H = tl.zeros([BLOCK_D, BLOCK_J], dtype=tl.float32)
     b_U = tl.zeros([BLOCK_V, BLOCK_J], dtype=tl.float32)
-    for ic in tl.range(end, num_stages=STAGES):
+    first = 0
+    if PREFIX > 1 and not HAS_G:
+        first = (start // PREFIX) * PREFIX
+        o_r = tl.arange(0, PREFIX * C)
+        for ib in tl.range(start // PREFIX, num_stages=STAGES):
+            row = i_n * Tp + ib * (PREFIX * C) + o_r
+            b_K = tl.load(p_k + row[:, None] * D + o_d[None, :], mask=m_d[None, :], other=0.0)
+            b_Kc = tl.load(p_k + row[:, None] * D + o_j[None, :], mask=m_j[None, :], other=0.0)
+            if HAS_B:
+                b_Kc = b_Kc.to(tl.float32) * tl.load(p_b + row).to(tl.float32)[:, None]
+            b_H = mm_acc(tl.trans(b_K), b_Kc, b_H, PREC)
+            if HAS_U:
+                b_V = tl.load(p_v + row[:, None] * DV + o_v[None, :], mask=m_v[None, :], other=0.0)
+                b_U = mm_acc(tl.trans(b_V), b_Kc, b_U, PREC)
+    for ic in tl.range(first, end, num_stages=STAGES):
         base = (i_n * NC + ic).to(tl.int64)
         mine = (ic >= start).to(tl.int32)  # no state is stored before the segment
         p_Hc = p_H + base * D * D + o_d[:, None] * D + o_j[None, :]
