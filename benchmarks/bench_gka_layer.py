@@ -1,7 +1,8 @@
 """The GKA layer at GKA's own problem: kernels.gka_solve / kernels.gka_layer beside fla's
 chunk_gated_delta_rule and kernels.chebyshev_adaptive on materialised H_t.
 
-    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--tune] [--solve-only] [--skip-fla]
+    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--variants] [--solve-only] [--skip-fla]
+    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR --once   # one call, for ncu
 
 B = 4, T = 4096, 8 heads, D = Dv = 128, r = 30, a = 0.02, bf16, L2-normalised q and k, no gate
 (131072 token systems). Times: GPU time = the sum of the kernel durations torch.profiler records
@@ -219,59 +220,11 @@ def run_fla(q, k, v, results):
     results["fla chunk_gated_delta_rule fwd+bwd bf16"] = timed(fwd_bwd, reps=5, warm=2)
 
 
-# (chunk, warps of the solve kernel, register cap or None, state columns per program of the
-# chunk-state kernel)
-CANDIDATES = ((32, 4, None, 32), (16, 4, 128, 32), (32, 8, 128, 32))
 ERR_TARGET = 4e-3
 
 
-def tune(q, k, ref, results):
-    """Launch shapes of the solve stage: GPU time (with the per-kernel split) and error of the
-    bf16 solve stage for each candidate; the fastest within the error target is kept."""
-    import importlib
-
-    import kernels
-
-    mod = importlib.import_module("kernels.gka_layer")
-    idx, x_ch, _, _, _ = ref
-    table, best = {}, None
-    for C, nw, maxnreg, bj in CANDIDATES:
-        name = f"C={C} warps={nw} maxnreg={maxnreg} states_block={bj}"
-        mod.SOLVE_LAUNCH.clear()
-        mod.SOLVE_LAUNCH.update(
-            num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {})
-        )
-        mod.STATES_BLOCK_J = bj
-        fn = lambda: kernels.gka_solve(q, k, a=A, iters=R, chunk_size=C)  # noqa: E731
-        try:
-            err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
-            t = timed(fn, reps=7, warm=2)
-            table[name] = {
-                "gpu_ms": t["gpu_ms"]["median"],
-                "wall_ms": t["wall_ms"]["median"],
-                "err": err,
-                "kernels_ms": t["kernels_ms"],
-            }
-            if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
-                best = (t["gpu_ms"]["median"], C, nw, maxnreg, bj)
-        except Exception as e:  # a shape that does not compile (registers, shared memory)
-            table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
-        print("tune", name, json.dumps(table[name]), flush=True)
-    results["tune solve bf16"] = table
-    if best is None:
-        return
-    _, C, nw, maxnreg, bj = best
-    mod.SOLVE_LAUNCH.clear()
-    mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
-    mod.STATES_BLOCK_J = bj
-    mod.DEFAULT_CHUNK["bfloat16/operands"] = C
-    results["chosen"] = {"chunk": C, "num_warps": nw, "maxnreg": maxnreg, "states_block": bj}
-
-
-# Variants compared side by side (--variants): the launch shape of the solve kernel (chunk,
-# warps, register cap: the cap sets how many programs share an SM) and of the chunk-state
-# kernel (segments walked by separate programs, software-pipeline depth, chunks per product in
-# the no-gate prefix of a segment), each timed inside the solve stage.
+# Launch shapes of the solve kernel compared side by side (--variants): chunk, warps and register
+# cap (the cap sets how many programs share an SM), each timed inside the whole solve stage.
 SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
     (32, 4, None),
     (16, 2, 200),
@@ -280,21 +233,6 @@ SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
     (32, 4, 168),
     (64, 8, None),
 )
-STATE_CANDIDATES = (  # (segments, stages, prefix)
-    (1, 1, 1),
-    (1, 3, 1),
-    (2, 3, 4),
-    (4, 2, 4),
-    (4, 3, 4),
-    (8, 2, 4),
-    (8, 3, 4),
-    (16, 2, 4),
-)
-
-
-def _set_states(mod, segments, stages, prefix):
-    mod.STATES_LAUNCH.clear()
-    mod.STATES_LAUNCH.update(segments=segments, stages=stages, prefix=prefix)
 
 
 def _set_solve(mod, C, nw, maxnreg):
@@ -303,71 +241,40 @@ def _set_solve(mod, C, nw, maxnreg):
     mod.DEFAULT_CHUNK["bfloat16/operands"] = C
 
 
-def _candidate(fn, ref, kernel):
-    """GPU and wall time of the bf16 solve stage ``fn``, the named kernel's share, the error."""
-    idx, x_ch, _, _, _ = ref
-    err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
-    t = timed(fn, reps=9, warm=2)
-    return {
-        "gpu_ms": t["gpu_ms"]["median"],
-        "wall_ms": t["wall_ms"]["median"],
-        f"{kernel}_ms": t["kernels_ms"].get(kernel),
-        "err": err,
-        "kernels_ms": t["kernels_ms"],
-    }
-
-
-def variants(q, k, v, ref, results, which):
-    """Solve-kernel candidates (with the plain chunk-state walk) and chunk-state candidates (with
-    the default solve kernel), each timed inside the whole bf16 solve stage: GPU time (profiler
-    kernel sum, with the per-kernel split), wall time, error against float64. The fastest of
-    each kind (error within ERR_TARGET) is set for the rest of the run."""
+def variants(q, k, ref, results):
+    """Every solve launch shape in SOLVE_CANDIDATES, timed inside the bf16 solve stage: GPU time
+    (profiler kernel sum, with the per-kernel split: the chunk-state walk depends on the chunk
+    too), wall time, error against float64. The fastest within ERR_TARGET is set for the rest
+    of the run."""
     import importlib
 
     import kernels
 
     mod = importlib.import_module("kernels.gka_layer")
+    idx, x_ch, _, _, _ = ref
     fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
-    table, chosen = {}, {}
-    for kind, cands, kernel, apply in (
-        ("solve", SOLVE_CANDIDATES, "solve_kernel", _set_solve),
-        ("states", STATE_CANDIDATES, "states_kernel", _set_states),
-    ):
-        if which not in ("all", kind):
-            continue
-        best = None
-        for cand in cands:
-            _set_states(mod, 1, 1, 1)
-            _set_solve(mod, 32, 4, None)
-            apply(mod, *cand)
-            name = f"{kind} {cand}"
-            try:
-                r = _candidate(fn, ref, kernel)
-                table[name] = r
-                if r["err"] <= ERR_TARGET and (best is None or r[f"{kernel}_ms"] < best[0]):
-                    best = (r[f"{kernel}_ms"], cand)
-            except Exception as e:  # a shape that does not compile (registers, shared memory)
-                table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
-            print("variant", name, json.dumps(table[name]), flush=True)
-        if best is not None:
-            chosen[kind] = best[1]
-    _set_states(mod, *chosen.get("states", (1, 1, 1)))
-    _set_solve(mod, *chosen.get("solve", (32, 4, None)))
-    results["variants"] = table
-    results["chosen"] = {kind: list(c) for kind, c in chosen.items()}
-    print("chosen", json.dumps(results["chosen"]), flush=True)
-    if "states" in chosen:  # the layer forward (states with U) with the plain and the chosen walk
-        layer = lambda: kernels.gka_layer(q, k, v, a=A, iters=R)  # noqa: E731
-        for label, cand in (("plain", (1, 1, 1)), ("chosen", chosen["states"])):
-            _set_states(mod, *cand)
-            t = timed(layer, reps=9, warm=2)
-            table[f"layer fwd states {label} {cand}"] = {
+    table, best = {}, None
+    for cand in SOLVE_CANDIDATES:
+        name = "solve C={} warps={} maxnreg={}".format(*cand)
+        _set_solve(mod, *cand)
+        try:
+            err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
+            t = timed(fn, reps=9, warm=2)
+            table[name] = {
                 "gpu_ms": t["gpu_ms"]["median"],
                 "wall_ms": t["wall_ms"]["median"],
+                "err": err,
                 "kernels_ms": t["kernels_ms"],
             }
-            print("variant layer", label, json.dumps(table[f"layer fwd states {label} {cand}"]))
-        _set_states(mod, *chosen["states"])
+            if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
+                best = (t["gpu_ms"]["median"], cand)
+        except Exception as e:  # a shape that does not compile (registers, shared memory)
+            table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+        print("variant", name, json.dumps(table[name]), flush=True)
+    results["variants"] = table
+    if best is not None:
+        _set_solve(mod, *best[1])
+        results["chosen"] = dict(zip(("chunk", "num_warps", "maxnreg"), best[1]))
 
 
 def once(q, k):
@@ -382,11 +289,10 @@ def once(q, k):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tune", action="store_true")
     ap.add_argument(
         "--variants",
-        choices=("all", "solve", "states"),
-        help="time the solve-kernel and/or chunk-state launch variants side by side; keep the fastest",
+        action="store_true",
+        help="time the solve kernel's launch shapes side by side and keep the fastest",
     )
     ap.add_argument(
         "--once", action="store_true", help="one solve stage, nothing timed (profilers)"
@@ -394,7 +300,7 @@ def main(argv=None):
     ap.add_argument(
         "--solve-only",
         action="store_true",
-        help="only the bf16 solve stage (with the defaults or --tune)",
+        help="only the bf16 solve stage (with the defaults or the fastest --variants shape)",
     )
     ap.add_argument("--skip-fla", action="store_true")
     ap.add_argument("--skip-materialised", action="store_true")
@@ -414,10 +320,8 @@ def main(argv=None):
     if args.once:
         return once(q, k)
     ref = reference_subset(q, k, v)
-    if args.tune:
-        tune(q, k, ref, results)
     if args.variants:
-        variants(q, k, v, ref, results, args.variants)
+        variants(q, k, ref, results)
     if args.solve_only:
         _run_solve(q, k, ref, results, "bfloat16/operands", "bfloat16-operands")
         args.skip_fla = args.skip_materialised = True

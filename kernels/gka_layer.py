@@ -50,15 +50,14 @@ CHUNK_SIZES = (16, 32, 64)  # None: DEFAULT_CHUNK of the contract
 # lambda_t = a ||H_t||_F takes the square root of eq. (5); tests switch it off to show they
 # catch "lambda without the square root".
 _FRO_SQRT = True
-# Launch shapes of the solve kernel (benchmarks/bench_gka_layer.py --tune on the H200: C = 32 with 4
-# warps 0.672 ms for the solve kernel; 8 warps, a register cap of 128 or C = 16 were 20-37% slower).
+# Launch shapes of the solve kernel (benchmarks/bench_gka_layer.py --variants solve on the H200:
+# C = 32 with 4 warps 0.676 ms for the solve kernel; C = 16 with 2 warps 0.664 ms but its chunk
+# states cost 0.203 ms instead of 0.070; register caps (3-5 programs per SM), 8 warps, C = 64
+# on warp-group MMA were 19-145% slower; docs/performance.md).
 SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
-# Chunk-state kernel (kernels/gka_layer_fwd.py, states_kernel): segments of chunks walked by
-# separate programs, pipeline depth, chunks per product in the no-gate prefix of a segment.
-STATES_LAUNCH = {"segments": 1, "stages": 1, "prefix": 1}
 
 
 @dataclass
@@ -179,13 +178,9 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
     H0 = launch.empty_out((N, NC, D, D), state_dtype, p.k.device)
     U0 = launch.empty_out((N, NC, Dv, D), state_dtype, p.k.device) if with_u else H0
     BJ = min(STATES_BLOCK_J, launch.block(D))
-    segments = max(1, min(STATES_LAUNCH["segments"], NC))
-    prefix = STATES_LAUNCH.get("prefix", 1)
-    if prefix not in (1, 2, 4, 8):
-        raise ValueError(f"STATES_LAUNCH['prefix'] must be 1, 2, 4 or 8, got {prefix!r}")
     if N:
         dummy = p.k
-        states_kernel[(N, triton.cdiv(D, BJ), segments)](
+        states_kernel[(N, triton.cdiv(D, BJ))](
             p.k,
             p.v if with_u else p.k,
             _or(p.G, dummy),
@@ -203,9 +198,8 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_B=p.beta is not None,
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
-            STAGES=STATES_LAUNCH["stages"],
-            PREFIX=prefix,
             num_warps=4,
+            num_stages=3,  # the walk's loads pipelined (states_kernel's comment)
         )
     return H0, (U0 if with_u else None)
 

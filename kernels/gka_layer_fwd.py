@@ -75,21 +75,14 @@ def states_kernel(
     HAS_B: tl.constexpr,
     HAS_U: tl.constexpr,
     PREC: tl.constexpr,
-    STAGES: tl.constexpr = 1,
-    PREFIX: tl.constexpr = 1,
 ):
-    # Program (n, j, p) computes the state at the start of segment p, then walks the chunks of
-    # the segment and stores their states (one segment: the plain walk). The state at the
-    # segment start is the same walk without stores, or, without a gate (no decay between
-    # chunks), the sum K^T diag(beta) K over the tokens before the segment taken PREFIX chunks
-    # per product: a chain of start / PREFIX steps instead of start (the same sum, accumulated
-    # in another order). STAGES > 1 lets the compiler's software pipeliner prefetch the keys
-    # of later steps (asynchronous copies to shared memory).
+    # Loads are issued in the step that uses them and the compiler's software pipeliner (the
+    # launch's num_stages = 3) prefetches them as asynchronous copies: on the H200 at GKA's size
+    # the walk takes 0.070 ms so, 0.145 ms with num_stages = 1 and 0.120 ms with a hand-written
+    # look-ahead; walking segments of chunks in parallel programs (the state at a segment's
+    # start recomputed by each) was slower too (0.081-0.19 ms; docs/performance.md).
     i_n = tl.program_id(0).to(tl.int64)
     i_j = tl.program_id(1)
-    seg_len = tl.cdiv(NC, tl.num_programs(2))
-    start = tl.program_id(2) * seg_len
-    end = tl.minimum(start + seg_len, NC)
     o_c = tl.arange(0, C)
     o_d = tl.arange(0, BLOCK_D)
     o_v = tl.arange(0, BLOCK_V)
@@ -100,30 +93,13 @@ def states_kernel(
     Tp = NC * C
     b_H = tl.zeros([BLOCK_D, BLOCK_J], dtype=tl.float32)
     b_U = tl.zeros([BLOCK_V, BLOCK_J], dtype=tl.float32)
-    first = 0
-    if PREFIX > 1 and not HAS_G:
-        first = (start // PREFIX) * PREFIX
-        o_r = tl.arange(0, PREFIX * C)
-        for ib in tl.range(start // PREFIX, num_stages=STAGES):
-            row = i_n * Tp + ib * (PREFIX * C) + o_r
-            b_K = tl.load(p_k + row[:, None] * D + o_d[None, :], mask=m_d[None, :], other=0.0)
-            b_Kc = tl.load(p_k + row[:, None] * D + o_j[None, :], mask=m_j[None, :], other=0.0)
-            if HAS_B:
-                b_Kc = b_Kc.to(tl.float32) * tl.load(p_b + row).to(tl.float32)[:, None]
-            b_H = mm_acc(tl.trans(b_K), b_Kc, b_H, PREC)
-            if HAS_U:
-                b_V = tl.load(p_v + row[:, None] * DV + o_v[None, :], mask=m_v[None, :], other=0.0)
-                b_U = mm_acc(tl.trans(b_V), b_Kc, b_U, PREC)
-    for ic in tl.range(first, end, num_stages=STAGES):
+    for ic in range(NC):
         base = (i_n * NC + ic).to(tl.int64)
-        mine = (ic >= start).to(tl.int32)  # no state is stored before the segment
         p_Hc = p_H + base * D * D + o_d[:, None] * D + o_j[None, :]
-        m_st = (o_d < mine * D)[:, None] & m_j[None, :]
-        tl.store(p_Hc, stored(b_H, p_H.dtype.element_ty), mask=m_st)
+        tl.store(p_Hc, stored(b_H, p_H.dtype.element_ty), mask=m_d[:, None] & m_j[None, :])
         if HAS_U:
             p_Uc = p_U + base * DV * D + o_v[:, None] * D + o_j[None, :]
-            m_su = (o_v < mine * DV)[:, None] & m_j[None, :]
-            tl.store(p_Uc, stored(b_U, p_U.dtype.element_ty), mask=m_su)
+            tl.store(p_Uc, stored(b_U, p_U.dtype.element_ty), mask=m_v[:, None] & m_j[None, :])
         row = i_n * Tp + ic * C + o_c
         b_K = tl.load(p_k + row[:, None] * D + o_d[None, :], mask=m_d[None, :], other=0.0)
         b_Kj = tl.load(p_k + row[:, None] * D + o_j[None, :], mask=m_j[None, :], other=0.0).to(
