@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.metadata
+import os
 import pathlib
 import platform
 import subprocess
@@ -18,7 +19,14 @@ _ROOT = pathlib.Path(__file__).resolve().parents[1]
 @functools.lru_cache(maxsize=1)
 def commit() -> str:
     """Short git commit of the toolkit's checkout, ``+dirty`` when files differ from it; the
-    package version when the toolkit is installed without its git history."""
+    package version when the toolkit is installed without its git history. ``SVT_COMMIT`` in the
+    environment overrides both: a copy of a checkout sent to another machine without its ``.git``
+    names the commit it was made from. A checkout is only read from its own repository: a copy
+    placed inside another repository's tree (an ignored folder) would otherwise report the outer
+    repository's commit."""
+    override = os.environ.get("SVT_COMMIT", "").strip()
+    if override:
+        return override
     try:
 
         def git(*args):
@@ -30,6 +38,8 @@ def commit() -> str:
                 check=True,
             ).stdout.strip()
 
+        if pathlib.Path(git("rev-parse", "--show-toplevel")).resolve() != _ROOT:
+            raise subprocess.SubprocessError("not the toolkit's own repository")
         head = git("rev-parse", "--short=10", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
         return head + ("+dirty" if dirty else "")

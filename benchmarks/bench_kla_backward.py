@@ -284,6 +284,7 @@ def search_fla(
     }
     warnings.simplefilter("ignore")
     while time.time() < deadline:
+        t_case = time.time()
         case = strat.cases.example()
         try:
             found = harness.run_case(
@@ -344,7 +345,7 @@ def search_fla(
         else:
             log(
                 f"ok   worst {worst.output} ratio {worst.ratio:.3g}{' (vacuous bound)' if worst.vacuous else ''}  "
-                f"{case.label}"
+                f"{case.label}  ({time.time() - t_case:.1f} s)"
             )
         with open(out_path, "w") as f:
             json.dump(out, f, indent=1)

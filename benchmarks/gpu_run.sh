@@ -30,9 +30,14 @@ for what in "$@"; do
         tests)
             timeout ${TESTS_TIMEOUT:-300} python3 -m pytest ${GPU_TESTS:-tests/test_kernels_*.py} -q -o addopts="" -m gpu -p no:cacheprovider \
                 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
-        docs)  # the code blocks of README.md and docs/ marked gpu (pytest-codeblocks, where installed)
-            timeout ${DOCS_TIMEOUT:-300} python3 -m pytest README.md docs --codeblocks -q -o addopts="" -m "gpu and not slow" \
-                -p no:cacheprovider 2>&1 | tee "$OUT/gpu_docs.log" | tail -20 ;;
+        docs)  # the code blocks of README.md and docs/ marked gpu and not slow (pytest-codeblocks: carry its wheel)
+            # the blocks call `python` as a user would; the machine may only have python3
+            if ! command -v python >/dev/null; then
+                mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+            fi
+            HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci} timeout ${DOCS_TIMEOUT:-300} python3 -m pytest README.md docs \
+                --codeblocks -v --durations=0 -o addopts="" -m "gpu and not slow" -p no:cacheprovider \
+                2>&1 | tee "$OUT/gpu_docs.log" | tail -20 ;;
         bench)
             timeout ${BENCH_TIMEOUT:-420} python3 benchmarks/bench.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
         reliability)  # the reliability tests' kernel cases, on the GPU

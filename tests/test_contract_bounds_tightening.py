@@ -12,8 +12,10 @@ import torch
 
 import analysis.bounds.contract as cb
 from analysis.studies.contract_tightness import (
+    _systems,
     adversarial_storage_run,
     eigenbasis_store_bound,
+    strongest_operand_run,
     strongest_storage_run,
 )
 from analysis.testing import harness
@@ -183,6 +185,22 @@ def test_storage_bound_covers_an_adversarial_store_sequence():
             )
             < err
         )
+
+
+def test_operand_rounding_sequences_stay_within_the_bound_and_are_not_small():
+    """bfloat16/operands on SPD systems at kappa = 51: the strongest operand-rounding sequence
+    found (any signs, full half spacings) stays below the bound and reaches over a quarter of it
+    (0.39 at D = 128, docs/harness.md): the bound's size at the worst-case spectrum belongs to the
+    rounding model, not to slack, and a bound shaved to a quarter would be unsound."""
+    case = harness.spd_case(32, (3,), 51.0, iters=30, seed=1)
+    H, q = (case.inputs[k].to(torch.bfloat16).double() for k in ("H", "q"))
+    bound_kw = {"L": case.options["L"], "mu": case.options["mu"]}
+    run = cb.linear_bound("chebyshev", H, q, iters=30, contract="bfloat16/operands", **bound_kw)
+    for s, (A, L, mu) in enumerate(_systems(H, q, bound_kw)):
+        x, exact = strongest_operand_run(A, q[s], L=L, mu=mu, iters=30)
+        assert torch.allclose(exact, run.x[-1, s], rtol=1e-12, atol=1e-14)
+        err, bound = float(torch.linalg.vector_norm(x - exact)), float(run.bound[-1, s])
+        assert 0.25 * bound < err <= bound, (err, bound)
 
 
 def test_searched_store_signs_stay_within_the_bound_on_ridge_systems():

@@ -16,7 +16,8 @@ rounding model attain (every store off by a full half spacing, any sign: the roo
 bound under that model has left): :func:`adversarial_storage_run` signs them along the bottom
 eigenvector, :func:`strongest_storage_run` searches the signs (alternating maximisation); and
 what the store errors would cost combined componentwise in A's eigenbasis instead of by norms
-(:func:`eigenbasis_store_bound`).
+(:func:`eigenbasis_store_bound`). For ``bfloat16/operands`` it prints the same search over
+operand roundings (:func:`strongest_operand_run`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def tightness(
         }
 
     out = {"bound_over_x": q_(rel), "measured_over_bound": q_(measured)}
+    if contract == "bfloat16/operands":
+        worst = _operand_diagnostics(H, q, bound_kw, iters, run)
+        out["strongest_over_bound"] = q_(worst)
+        out["strongest_over_x"] = q_(worst * rel)
     if contract == "bfloat16/storage":
         aligned, strongest, eig = _storage_diagnostics(H, q, bound_kw, iters, run)
         out["adversarial_over_bound"] = q_(aligned)
@@ -106,6 +111,15 @@ def _storage_diagnostics(H, q, bound_kw, iters: int, run):
         comp, norm = eigenbasis_store_bound(A, run.x[:, s], L=L, mu=mu, iters=iters)
         eig.append(comp / norm)
     return torch.stack(aligned), torch.stack(strongest), torch.stack(eig)
+
+
+def _operand_diagnostics(H, q, bound_kw, iters: int, run):
+    """Per system: :func:`strongest_operand_run`'s error over the bound."""
+    out = []
+    for s, (A, L, mu) in enumerate(_systems(H, q, bound_kw)):
+        x, exact = strongest_operand_run(A, q[s], L=L, mu=mu, iters=iters)
+        out.append(torch.linalg.vector_norm(x - exact) / run.bound[-1, s])
+    return torch.stack(out)
 
 
 def _half_spacing(y, u=2.0**-8):
@@ -148,20 +162,55 @@ def strongest_storage_run(A, q, *, L, mu, iters: int, rounds: int = 10):
     the direction of the solution (where a stored iterate's errors gather). For a direction w the
     signs ``sign(tau_{r,j}(A) w)`` maximise ``w^T (x_r - x_r*)`` to first order; w then moves to
     the error found. Returns (the perturbed x_r, the exact x_r) of the best round."""
+    return _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=False)
+
+
+def strongest_operand_run(A, q, *, L, mu, iters: int, rounds: int = 10):
+    """As :func:`strongest_storage_run` for ``bfloat16/operands``: the iterate is exact (float64
+    here) but the operand of every product ``A x_{j-1}`` is off by a full half spacing of bf16 at
+    ``x_{j-1}``, any signs. Such an error reaches x_r through ``-c_j tau_{r,j}(A) A``, so near
+    L (where ``c_j lam`` is about 2 omega_j) it is amplified where a stored iterate's is not:
+    the worst case of ``spd`` at kappa = 51 (docs/harness.md, "Non-vacuity")."""
+    return _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=True)
+
+
+def _strongest(A, q, *, L, mu, iters: int, rounds: int, operand: bool):
     lam, V = torch.linalg.eigh(A)
-    tau = _responses(L, mu, iters, lam)
+    tau = _responses(L, mu, iters, lam)  # row j: a unit error in x_j, on each eigenvalue
+    if operand:  # the operand of step j (j = 1..r) rounds x_{j-1}; its error enters x_j as -c_j A e
+        c, _, _, _, _ = _schedule("chebyshev", L, mu, iters, ())
+        tau = -c.unsqueeze(-1) * tau[1:] * lam
     w = torch.linalg.solve(A, q)
     best = None
     for _ in range(rounds):
         w = w / torch.linalg.vector_norm(w)
-        signs = torch.sign((tau * (V.T @ w)) @ V.T)  # row j: sign(tau_{r,j}(A) w)
-        x, exact = adversarial_storage_run(A, q, L=L, mu=mu, iters=iters, signs=signs)
+        signs = torch.sign((tau * (V.T @ w)) @ V.T)  # row j: sign(response_j(A) w)
+        run = adversarial_operand_run if operand else adversarial_storage_run
+        x, exact = run(A, q, L=L, mu=mu, iters=iters, signs=signs)
         w = x - exact
         if best is None or torch.linalg.vector_norm(w) > torch.linalg.vector_norm(
             best[0] - best[1]
         ):
             best = (x, exact)
     return best
+
+
+def adversarial_operand_run(A, q, *, L, mu, iters: int, signs, scale: float = 1.0):
+    """Chebyshev on ``A x = q`` (one system, float64) in exact arithmetic but for the operand of
+    each product ``A x_{i}``, off by ``scale`` times a full half spacing of bf16 at the value
+    rounded (allowed by ``bfloat16/operands``' rounding model for ``scale <= 1``), with the signs
+    ``signs[i]`` (``(r, D)``). Returns (the perturbed x_r, the exact x_r): a lower bound on the
+    worst case any rigorous bound under that contract's rounding model must cover."""
+    c, b, _, s0, _ = _schedule("chebyshev", L, mu, iters, ())
+    x = exact = s0 * q
+    prev = prev_e = torch.zeros_like(q)
+    for i in range(iters):
+        operand = x + scale * signs[i] * _half_spacing(x)
+        y = x - c[i] * (A @ operand - q) + b[i] * (x - prev)
+        ye = exact - c[i] * (A @ exact - q) + b[i] * (exact - prev_e)
+        prev, x = x, y
+        prev_e, exact = exact, ye
+    return x, exact
 
 
 def adversarial_storage_run(A, q, *, L, mu, iters: int, v=None, signs=None, scale: float = 1.0):
@@ -208,6 +257,12 @@ def main(argv=None) -> int:
             print(
                 f"{fam:10s} {c:18s} {b['median']:>17.4f} ({b['max']:.4f}) {m['median']:>20.3f} ({m['max']:.3f})"
             )
+            if c == "bfloat16/operands":
+                s, sx = t["strongest_over_bound"], t["strongest_over_x"]
+                print(
+                    f"{'':29s} adversarial operands / bound: searched {s['median']:.3f} "
+                    f"(min {s['min']:.3f}, max {s['max']:.3f}) = {sx['median']:.4f} ({sx['max']:.4f}) of ||x||"
+                )
             if "adversarial_over_bound" in t:
                 a, s, sx, e = (
                     t[k]

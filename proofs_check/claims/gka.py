@@ -809,7 +809,7 @@ not_checkable(
     Reversing CG divides by quantities as small as 1e-3 or as large as 1e10.
 
     Why: An empirical figure of the authors' runs; the figures module reproduces our own version
-    (analysis/figures/cg_reversal.py), not theirs.""",
+    (analysis/figures/gka_fig5.py), not theirs.""",
 )
 not_checkable(
     "gka.fig1",
