@@ -458,9 +458,11 @@ def test_gpu_broken_variants_fail(variant, monkeypatch):
     }[variant](monkeypatch)
 
 
-GPU_LAUNCHES = [  # (chunk, warps, register cap): from benchmarks/bench_gka_layer.py SOLVE_CANDIDATES
+GPU_LAUNCHES = [  # (chunk, warps, register cap): benchmarks/bench_gka_layer.py SOLVE_CANDIDATES
     (16, 2, 200),
+    (16, 2, None),
     (16, 4, 128),
+    (32, 4, 168),
     (64, 8, None),
 ]
 
@@ -468,7 +470,8 @@ GPU_LAUNCHES = [  # (chunk, warps, register cap): from benchmarks/bench_gka_laye
 @pytest.mark.gpu
 @pytest.mark.parametrize("C, warps, maxnreg", GPU_LAUNCHES)
 def test_gpu_launch_shapes_within_bound_d128(C, warps, maxnreg, monkeypatch):
-    # every launch shape the benchmark compares computes the same function within FWD
+    # every other launch shape the benchmark compares (the default is tested above) computes
+    # the same function within FWD
     launch = {"num_warps": warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
     monkeypatch.setattr(mod, "SOLVE_LAUNCH", launch)
     x = make_case(21, N=2, T=200, D=128, Dv=64, gates=True, dtype=torch.bfloat16)
