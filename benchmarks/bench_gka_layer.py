@@ -1,7 +1,8 @@
 """The GKA layer at GKA's own problem: kernels.gka_solve / kernels.gka_layer beside fla's
 chunk_gated_delta_rule and kernels.chebyshev_adaptive on materialised H_t.
 
-    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--variants] [--solve-only] [--skip-fla]
+    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--variants] [--solve-only]
+        [--skip-fla] [--skip-materialised] [--contracts LIST]
     PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR --once   # one call, for ncu
 
 B = 4, T = 4096, 8 heads, D = Dv = 128, r = 30, a = 0.02, bf16, L2-normalised q and k, no gate
