@@ -226,7 +226,7 @@ ERR_TARGET = 4e-3
 
 # Launch shapes of the solve kernel compared side by side (--variants): chunk, warps and register
 # cap (the cap sets how many programs share an SM), each timed inside the whole solve stage.
-SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg)
+SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg); the first is the default
     (32, 4, None),
     (16, 2, 200),
     (16, 2, None),
@@ -273,9 +273,9 @@ def variants(q, k, ref, results):
             table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
         print("variant", name, json.dumps(table[name]), flush=True)
     results["variants"] = table
-    if best is not None:
-        _set_solve(mod, *best[1])
-        results["chosen"] = dict(zip(("chunk", "num_warps", "maxnreg"), best[1]))
+    chosen = SOLVE_CANDIDATES[0] if best is None else best[1]  # the default when none qualifies
+    _set_solve(mod, *chosen)
+    results["chosen"] = dict(zip(("chunk", "num_warps", "maxnreg"), chosen))
 
 
 def once(q, k):
