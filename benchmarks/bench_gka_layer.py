@@ -1,7 +1,9 @@
 """The GKA layer at GKA's own problem: kernels.gka_solve / kernels.gka_layer beside fla's
 chunk_gated_delta_rule and kernels.chebyshev_adaptive on materialised H_t.
 
-    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--tune] [--solve-only] [--skip-fla]
+    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR [--variants] [--solve-only]
+        [--skip-fla] [--skip-materialised] [--contracts LIST]
+    PYTHONPATH=. python3 benchmarks/bench_gka_layer.py --out DIR --once   # one call, for ncu
 
 B = 4, T = 4096, 8 heads, D = Dv = 128, r = 30, a = 0.02, bf16, L2-normalised q and k, no gate
 (131072 token systems). Times: GPU time = the sum of the kernel durations torch.profiler records
@@ -219,33 +221,46 @@ def run_fla(q, k, v, results):
     results["fla chunk_gated_delta_rule fwd+bwd bf16"] = timed(fwd_bwd, reps=5, warm=2)
 
 
-# (chunk, warps of the solve kernel, register cap or None, state columns per program of the
-# chunk-state kernel)
-CANDIDATES = ((32, 4, None, 32), (16, 4, 128, 32), (32, 8, 128, 32))
 ERR_TARGET = 4e-3
 
 
-def tune(q, k, ref, results):
-    """Launch shapes of the solve stage: GPU time (with the per-kernel split) and error of the
-    bf16 solve stage for each candidate; the fastest within the error target is kept."""
+# Launch shapes of the solve kernel compared side by side (--variants): chunk, warps and register
+# cap (the cap sets how many programs share an SM), each timed inside the whole solve stage.
+SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg); the first is the default
+    (32, 4, None),
+    (16, 2, 200),
+    (16, 2, None),
+    (16, 4, 128),
+    (32, 4, 168),
+    (64, 8, None),
+)
+
+
+def _set_solve(mod, C, nw, maxnreg):
+    mod.SOLVE_LAUNCH.clear()
+    mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+    mod.DEFAULT_CHUNK["bfloat16/operands"] = C
+
+
+def variants(q, k, ref, results):
+    """Every solve launch shape in SOLVE_CANDIDATES, timed inside the bf16 solve stage: GPU time
+    (profiler kernel sum, with the per-kernel split: the chunk-state walk depends on the chunk
+    too), wall time, error against float64. The fastest within ERR_TARGET is set for the rest
+    of the run."""
     import importlib
 
     import kernels
 
     mod = importlib.import_module("kernels.gka_layer")
     idx, x_ch, _, _, _ = ref
+    fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
     table, best = {}, None
-    for C, nw, maxnreg, bj in CANDIDATES:
-        name = f"C={C} warps={nw} maxnreg={maxnreg} states_block={bj}"
-        mod.SOLVE_LAUNCH.clear()
-        mod.SOLVE_LAUNCH.update(
-            num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {})
-        )
-        mod.STATES_BLOCK_J = bj
-        fn = lambda: kernels.gka_solve(q, k, a=A, iters=R, chunk_size=C)  # noqa: E731
+    for cand in SOLVE_CANDIDATES:
+        name = "solve C={} warps={} maxnreg={}".format(*cand)
+        _set_solve(mod, *cand)
         try:
             err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
-            t = timed(fn, reps=7, warm=2)
+            t = timed(fn, reps=9, warm=2)
             table[name] = {
                 "gpu_ms": t["gpu_ms"]["median"],
                 "wall_ms": t["wall_ms"]["median"],
@@ -253,29 +268,40 @@ def tune(q, k, ref, results):
                 "kernels_ms": t["kernels_ms"],
             }
             if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
-                best = (t["gpu_ms"]["median"], C, nw, maxnreg, bj)
+                best = (t["gpu_ms"]["median"], cand)
         except Exception as e:  # a shape that does not compile (registers, shared memory)
             table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
-        print("tune", name, json.dumps(table[name]), flush=True)
-    results["tune solve bf16"] = table
-    if best is None:
-        return
-    _, C, nw, maxnreg, bj = best
-    mod.SOLVE_LAUNCH.clear()
-    mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
-    mod.STATES_BLOCK_J = bj
-    mod.DEFAULT_CHUNK["bfloat16/operands"] = C
-    results["chosen"] = {"chunk": C, "num_warps": nw, "maxnreg": maxnreg, "states_block": bj}
+        print("variant", name, json.dumps(table[name]), flush=True)
+    results["variants"] = table
+    chosen = SOLVE_CANDIDATES[0] if best is None else best[1]  # the default when none qualifies
+    _set_solve(mod, *chosen)
+    results["chosen"] = dict(zip(("chunk", "num_warps", "maxnreg"), chosen))
+
+
+def once(q, k):
+    """One bf16 solve stage after one warm-up call (for a profiler such as ncu)."""
+    import kernels
+
+    for _ in range(2):
+        kernels.gka_solve(q, k, a=A, iters=R)
+    torch.cuda.synchronize()
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--tune", action="store_true")
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="time the solve kernel's launch shapes side by side and keep the fastest",
+    )
+    ap.add_argument(
+        "--once", action="store_true", help="one solve stage, nothing timed (profilers)"
+    )
     ap.add_argument(
         "--solve-only",
         action="store_true",
-        help="only the bf16 solve stage (with the defaults or --tune)",
+        help="only the bf16 solve stage (with the defaults or the fastest --variants shape)",
     )
     ap.add_argument("--skip-fla", action="store_true")
     ap.add_argument("--skip-materialised", action="store_true")
@@ -292,9 +318,11 @@ def main(argv=None):
         "problem": dict(B=B, T=T, heads=NH, D=D, r=R, a=A, dtype="bfloat16", gate=None),
     }
     q, k, v = inputs()
+    if args.once:
+        return once(q, k)
     ref = reference_subset(q, k, v)
-    if args.tune:
-        tune(q, k, ref, results)
+    if args.variants:
+        variants(q, k, ref, results)
     if args.solve_only:
         _run_solve(q, k, ref, results, "bfloat16/operands", "bfloat16-operands")
         args.skip_fla = args.skip_materialised = True

@@ -50,8 +50,10 @@ CHUNK_SIZES = (16, 32, 64)  # None: DEFAULT_CHUNK of the contract
 # lambda_t = a ||H_t||_F takes the square root of eq. (5); tests switch it off to show they
 # catch "lambda without the square root".
 _FRO_SQRT = True
-# Launch shapes of the solve kernel (benchmarks/bench_gka_layer.py --tune on the H200: C = 32 with 4
-# warps 0.672 ms for the solve kernel; 8 warps, a register cap of 128 or C = 16 were 20-37% slower).
+# Launch shapes of the solve kernel (benchmarks/bench_gka_layer.py --variants on the H200: C = 32
+# with 4 warps 0.676 ms for the solve kernel; C = 16 with 2 warps 0.664 ms but its chunk states
+# cost 0.203 ms instead of 0.070; register caps (3-5 programs per SM) and C = 64 with 8 warps on
+# warp-group MMA were 19-145% slower; docs/performance.md).
 SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
@@ -197,6 +199,7 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
             num_warps=4,
+            num_stages=3,  # the walk's loads pipelined (states_kernel's comment)
         )
     return H0, (U0 if with_u else None)
 

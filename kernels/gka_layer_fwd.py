@@ -76,8 +76,11 @@ def states_kernel(
     HAS_U: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    # Loads are issued in the step that uses them: loading the next chunk one step ahead made
-    # this kernel slower on the H200 (0.120 ms against 0.069 ms at GKA's size).
+    # Loads are issued in the step that uses them and the compiler's software pipeliner (the
+    # launch's num_stages = 3) prefetches them as asynchronous copies: on the H200 at GKA's
+    # size the walk takes 0.070 ms pipelined, 0.145 ms with num_stages = 1 and 0.120 ms with a
+    # hand-written look-ahead; walking segments of chunks in parallel programs (the state at a
+    # segment's start recomputed by each) was slower too (0.081-0.19 ms; docs/performance.md).
     i_n = tl.program_id(0).to(tl.int64)
     i_j = tl.program_id(1)
     o_c = tl.arange(0, C)

@@ -456,3 +456,23 @@ def test_gpu_broken_variants_fail(variant, monkeypatch):
         "sqrt": test_broken_lambda_without_square_root_fails,
         "state": test_broken_state_from_wrong_chunk_fails,
     }[variant](monkeypatch)
+
+
+GPU_LAUNCHES = [  # (chunk, warps, register cap): benchmarks/bench_gka_layer.py SOLVE_CANDIDATES
+    (16, 2, 200),
+    (16, 2, None),
+    (16, 4, 128),
+    (32, 4, 168),
+    (64, 8, None),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("C, warps, maxnreg", GPU_LAUNCHES)
+def test_gpu_launch_shapes_within_bound_d128(C, warps, maxnreg, monkeypatch):
+    # every other launch shape the benchmark compares (the default is tested above) computes
+    # the same function within FWD
+    launch = {"num_warps": warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
+    monkeypatch.setattr(mod, "SOLVE_LAUNCH", launch)
+    x = make_case(21, N=2, T=200, D=128, Dv=64, gates=True, dtype=torch.bfloat16)
+    assert forward_excess(x, contract="bfloat16/operands", C=C, iters=30, a=0.02) <= 1.0  # FWD
