@@ -297,12 +297,24 @@ def forced_config(kernel, config):
         at.configs = configs
 
 
-def _emulated(name, kw):
+def _emulated(name, kw, **opts):
     if name == "chunk_bwd_dqkwg":
         return fk.emulate_dqkwg(
-            kw["q"], kw["k"], kw["v"], kw["g"], kw["h"], kw["do"], kw["dh"], kw["dv"], kw["scale"]
+            kw["q"],
+            kw["k"],
+            kw["v"],
+            kw["g"],
+            kw["h"],
+            kw["do"],
+            kw["dh"],
+            kw["dv"],
+            kw["scale"],
+            **opts,
         )
-    return fk.emulate_wy_bwd(kw["k"], kw["v"], kw["beta"], kw["g"], kw["A"], kw["dw"], kw["du"])
+    opts.pop("hdh_sum", None)
+    return fk.emulate_wy_bwd(
+        kw["k"], kw["v"], kw["beta"], kw["g"], kw["A"], kw["dw"], kw["du"], **opts
+    )
 
 
 OUTPUT_NAMES = {
@@ -311,10 +323,80 @@ OUTPUT_NAMES = {
 }
 
 
-def check_kernels(calls, every_config=False) -> dict:
+def _state_sum_kernel():
+    """A Triton kernel that sums ``h o dh`` over each state block exactly as
+    ``chunk_bwd_dqkwg`` does (``b_dg_last += tl.sum(b_h * b_dh)``: the product and the sum in
+    the input dtype, the V blocks added in float32), one program per key block and state."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def state_sum(
+        h, dh, out, N, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr
+    ):
+        i_k, i_n = tl.program_id(0), tl.program_id(1).to(tl.int64)
+        h += i_n * K * V
+        dh += i_n * K * V
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < K
+        acc = tl.zeros([1], dtype=tl.float32)
+        for i_v in range(tl.cdiv(V, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_h = (o_v < V)[:, None] & m_k[None, :]
+            b_h = tl.load(h + o_v[:, None] + o_k[None, :] * V, mask=m_h, other=0.0)
+            b_dh = tl.load(dh + o_v[:, None] + o_k[None, :] * V, mask=m_h, other=0.0)
+            acc += tl.sum(b_h * b_dh)
+        tl.store(out + i_k * N + i_n + tl.arange(0, 1), acc)
+
+    return state_sum
+
+
+def state_sum_as_kernel(num_warps, tiling=128):
+    """``hdh_sum`` for ``fla_640_kernels.emulate_dqkwg``: the kernel's own reduction of
+    ``h o dh`` (:func:`_state_sum_kernel`, at fla's key and value blocks for Hopper,
+    ``min(next_pow2(d), tiling)``, and the configuration's warp count), returned as float64."""
+    import triton
+
+    kernel = _state_sum_kernel()
+
+    def from_stored(h, dh):
+        """h, dh: (B, NT, H, K, V) as fla stored them (the kernel reads their dtype)."""
+        B, NT, H, K, V = h.shape
+        BK = min(max(triton.next_power_of_2(K), 16), tiling)
+        BV = min(max(triton.next_power_of_2(V), 16), tiling)
+        NK, N = triton.cdiv(K, BK), B * NT * H
+        out = torch.empty(NK * N, dtype=torch.float32, device=h.device)
+        hc, dhc = h.contiguous(), dh.contiguous()
+        kernel[(NK, N)](hc, dhc, out, N, K=K, V=V, BK=BK, BV=BV, num_warps=num_warps)
+        return out.reshape(NK, B, NT, H).sum(0).double()
+
+    return from_stored
+
+
+def _num_warps(config) -> int:
+    return int(re.search(r"num_warps: (\d+)", str(config)).group(1))
+
+
+def _dqkwg_with_replica(kw, num_warps):
+    """The round-to-nearest emulation of ``chunk_bwd_dqkwg`` with the state sum computed by
+    the kernel's own reduction (:func:`state_sum_as_kernel`) at ``num_warps``."""
+    stored = state_sum_as_kernel(num_warps)(kw["h"], kw["dh"])
+
+    def hdh_sum(h, dh):
+        # the emulation chunks h as (B, NT, H, K, V): the same layout as stored
+        return stored.to(h.device)
+
+    return _emulated("chunk_bwd_dqkwg", kw, hdh_sum=hdh_sum)
+
+
+def check_kernels(calls, every_config=False, dump=0) -> dict:
     """Faithfulness (``fla_640_kernels.faithfulness``) of each captured call, with the
     configuration fla's autotuner chose and, with ``every_config``, re-run in each of the
-    kernel's autotuning configurations on the same operands."""
+    kernel's autotuning configurations on the same operands. Each run's ratios are given under
+    the round-to-nearest bound (``autotuned``, ``configs``) and the tensor-core one (``tc``,
+    ``configs_tc``); for ``chunk_bwd_dqkwg``'s dg also with the state sum from the kernel's own
+    reduction at the run's warp count (``dg_replica``), and with ``dump``, up to that many
+    elements of dg over the round-to-nearest bound per run (``fla_640_kernels.exceeding_dg``)."""
     import fla.ops.common.chunk_o as chunk_o
     import fla.ops.gated_delta_rule.wy_fast as wy_fast
 
@@ -324,15 +406,14 @@ def check_kernels(calls, every_config=False) -> dict:
     }
     res = {}
     for name, kw, out in calls:
-        emu = _emulated(name, kw)
-        got = dict(zip(OUTPUT_NAMES[name], out))
         kernel, wrapper = kernels[name]
-        entry = {
-            "autotuned": fk.faithfulness(got, emu),
-            "config": str(_autotuner(kernel).best_config),
-        }
+        judge = _Judge(name, kw, dump)
+        best = _autotuner(kernel).best_config
+        first = judge(out, best)
+        entry = {"autotuned": first.pop("rn"), "tc": first.pop("tc"), "config": str(best)}
+        entry |= first
         if every_config:
-            entry["configs"] = {}
+            entry["configs"], entry["configs_tc"] = {}, {}
             for cfg in list(_autotuner(kernel).configs):
                 try:
                     with forced_config(kernel, cfg):
@@ -340,10 +421,52 @@ def check_kernels(calls, every_config=False) -> dict:
                 except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: not run
                     entry.setdefault("not_run", {})[str(cfg)] = f"{type(e).__name__}: {e}"[:200]
                     continue
-                found = fk.faithfulness(dict(zip(OUTPUT_NAMES[name], again)), emu)
-                entry["configs"][str(cfg)] = {out: r["ratio"] for out, r in found.items()}
+                found = judge(again, cfg)
+                entry["configs"][str(cfg)] = {o: r["ratio"] for o, r in found.pop("rn").items()}
+                entry["configs_tc"][str(cfg)] = found.pop("tc")
+                for extra, value in found.items():
+                    entry.setdefault(f"configs_{extra}", {})[str(cfg)] = value
         res[name] = entry
     return res
+
+
+class _Judge:
+    """One captured call's emulations (round to nearest, tensor core, and for
+    ``chunk_bwd_dqkwg`` the kernel's own state sum per warp count), and the verdict on a run."""
+
+    def __init__(self, name, kw, dump):
+        self.name, self.kw, self.dump = name, kw, dump
+        self.rn = _emulated(name, kw)
+        self.tc = _emulated(name, kw, accumulation="tc")
+        self.replicas = {}
+
+    def __call__(self, outputs, config) -> dict:
+        got = dict(zip(OUTPUT_NAMES[self.name], outputs))
+        found = {
+            "rn": fk.faithfulness(got, self.rn),
+            "tc": {o: r["ratio"] for o, r in fk.faithfulness(got, self.tc).items()},
+        }
+        if self.name != "chunk_bwd_dqkwg":
+            return found
+        rep = None
+        try:
+            warps = _num_warps(config)
+            if warps not in self.replicas:
+                self.replicas[warps] = _dqkwg_with_replica(self.kw, warps)
+            rep = self.replicas[warps]
+            found["dg_replica"] = {
+                "rn": fk.ratios(got["dg"], *rep["dg"]).max().item(),
+                "tc": fk.ratios(got["dg"], rep["dg"][0], self.tc["dg"][1]).max().item(),
+                "over_rn": int((fk.ratios(got["dg"], *rep["dg"]) > 1).sum()),
+            }
+        except Exception as e:  # noqa: BLE001 - the replica is an extra; the check stands
+            found["dg_replica"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+        if self.dump:
+            unit = fk.UNIT[self.kw["q"].dtype]
+            found["dg_exceeding"] = fk.exceeding_dg(
+                got["dg"], self.rn, self.tc, unit, replica=rep, limit=self.dump
+            )
+        return found
 
 
 def _reverse_cumsum(x, BT=64):
@@ -534,6 +657,12 @@ def main(argv=None) -> int:
         help="with --kernels: re-run both in every autotuning configuration",
     )
     ap.add_argument(
+        "--dump",
+        type=int,
+        default=0,
+        help="with --kernels: record up to this many elements of dg over the bound per run",
+    )
+    ap.add_argument(
         "--ours", action="store_true", help="our kernel on the same problems, for scale"
     )
     ap.add_argument(
@@ -605,7 +734,7 @@ def main(argv=None) -> int:
             for name, c, r in zip(NAMES, run(ours, case), ref):
                 row[name]["ours"] = relative(c, r)
         if calls:
-            row["kernels"] = check_kernels(calls, every_config=args.every_config)
+            row["kernels"] = check_kernels(calls, every_config=args.every_config, dump=args.dump)
             row["dg_anatomy"] = dg_anatomy(calls, given[3], ref[3])
         row["seconds"] = time.time() - t0
         rows.append(row)
@@ -627,6 +756,8 @@ def main(argv=None) -> int:
         print(f"  {key}: {w['value']:.3g}  {w['case']}")
     if s["worst_kernel_ratio"]:
         print(f"{s['kernel_checks']} kernel checks; worst ratio {s['worst_kernel_ratio']}")
+        print(f"tensor-core bound: worst ratio {s['worst_kernel_ratio_tc']}")
+        print(f"dg over the round-to-nearest bound: {s['dg_exceeding']}")
         print(f"dg anatomy (largest inherited error): {s['dg_anatomy_worst']}", flush=True)
     return 0
 
@@ -641,10 +772,15 @@ def _line(row) -> str:
 
     text = f"{_describe(row)}: " + "  ".join(fmt(n) for n in NAMES)
     if "kernels" in row:
-        worst = _worst_kernel_ratio(row)
+        worst, tc = _worst_kernel_ratio(row), _worst_kernel_ratio(row, "tc")
+        ex = _exceeding_summary([row])
         a = row["dg_anatomy"]
         text += (
-            f"  | kernels: worst ratio {worst[0]:.3g} ({worst[1]})"
+            f"  | kernels: worst ratio {worst[0]:.3g} ({worst[1]}), tensor-core {tc[0]:.3g}"
+            f" ({tc[1]}), dg with the kernel's state sum {ex['worst_dg_replica_rn']}"
+            f" (tc {ex['worst_dg_replica_tc']}), over: {ex['exceeding_dumped']} dumped,"
+            f" {ex['exceeding_on_last_rows']} on last rows,"
+            f" largest {ex['largest_state_units']} u_in sum|h dh|"
             f"  | dg: emulated {a['emulated_vs_reference']:.2e}, fla-emulated {a['fla_vs_emulated']:.1e},"
             f" kappa_terms {a['kappa_terms']:.3g}, kappa_cumsum {a['kappa_cumsum']:.3g}"
         )
@@ -656,11 +792,16 @@ def _describe(row) -> str:
     return " ".join(f"{k}={row[k]}" for k in keys if k in row)
 
 
-def _worst_kernel_ratio(row):
+def _worst_kernel_ratio(row, model="rn"):
+    """The largest ratio over the row's kernel runs and outputs, under the round-to-nearest
+    bound (``model="rn"``) or the tensor-core one (``"tc"``), and where."""
     worst = (0.0, "")
     for kname, entry in row.get("kernels", {}).items():
-        runs = {"autotuned": {o: r["ratio"] for o, r in entry["autotuned"].items()}}
-        runs.update(entry.get("configs", {}))
+        if model == "rn":
+            runs = {"autotuned": {o: r["ratio"] for o, r in entry["autotuned"].items()}}
+            runs.update(entry.get("configs", {}))
+        else:
+            runs = {"autotuned": entry["tc"]} | entry.get("configs_tc", {})
         for cfg, outs in runs.items():
             for out, ratio in outs.items():
                 if ratio > worst[0]:
@@ -668,9 +809,45 @@ def _worst_kernel_ratio(row):
     return worst
 
 
+def _dg_runs(row, key):
+    """``chunk_bwd_dqkwg``'s per-run extras (``dg_replica``, ``dg_exceeding``), every run."""
+    entry = row.get("kernels", {}).get("chunk_bwd_dqkwg", {})
+    runs = [entry[key]] if key in entry else []
+    return runs + list(entry.get(f"configs_{key}", {}).values())
+
+
+def _exceeding_summary(rows) -> dict:
+    """Over every run: the worst dg ratio with the kernel's own state sum (round to nearest and
+    tensor core), and the dumped elements of dg over the round-to-nearest bound: how many, how
+    many on a chunk's last row, the worst ratio under the tensor-core bound and with the
+    kernel's own state sum, and the largest distance in units of the input dtype's rounding of
+    the state term."""
+    rep = [r for row in rows for r in _dg_runs(row, "dg_replica") if "rn" in r]
+    errors = {r["error"] for row in rows for r in _dg_runs(row, "dg_replica") if "error" in r}
+    ex = [e for row in rows for run in _dg_runs(row, "dg_exceeding") for e in run]
+    units = [
+        abs(e["diff_in_unit_state_magnitudes"]) for e in ex if e["diff_in_unit_state_magnitudes"]
+    ]
+    return {
+        "replica_runs": len(rep),
+        "replica_errors": sorted(errors),
+        "worst_dg_replica_rn": max((r["rn"] for r in rep), default=None),
+        "worst_dg_replica_tc": max((r["tc"] for r in rep), default=None),
+        "exceeding_dumped": len(ex),
+        "exceeding_on_last_rows": sum(e["last_row_of_chunk"] for e in ex),
+        "worst_exceeding_ratio_rn": max((e["ratio_rn"] for e in ex), default=None),
+        "worst_exceeding_ratio_tc": max((e["ratio_tc"] for e in ex), default=None),
+        "worst_exceeding_ratio_rn_replica": max(
+            (e.get("ratio_rn_replica", float("nan")) for e in ex), default=None
+        ),
+        "largest_state_units": max(units, default=None),
+    }
+
+
 def summary(rows) -> dict:
     """Problem count, the largest distance to float64 per gradient and path, and the worst
-    per-kernel ratio (over 1: a kernel did not do its own arithmetic)."""
+    per-kernel ratio (over 1: a kernel did not do its own arithmetic) under the
+    round-to-nearest and the tensor-core bounds, and :func:`_exceeding_summary`."""
     s = {
         "problems": len(rows),
         "largest_relative": {},
@@ -691,15 +868,15 @@ def summary(rows) -> dict:
         s["kernel_checks"] = sum(
             1 + len(e.get("configs", {})) for r in checked for e in r["kernels"].values()
         )
-        worst = max(checked, key=lambda r: _worst_kernel_ratio(r)[0])
-        s["worst_kernel_ratio"] = {
-            "ratio": _worst_kernel_ratio(worst)[0],
-            "where": _worst_kernel_ratio(worst)[1],
-        }
+        for key, model in (("worst_kernel_ratio", "rn"), ("worst_kernel_ratio_tc", "tc")):
+            worst = max(checked, key=lambda r: _worst_kernel_ratio(r, model)[0])
+            ratio, where = _worst_kernel_ratio(worst, model)
+            s[key] = {"ratio": ratio, "where": where, "case": _describe(worst)}
         s["dg_anatomy_worst"] = max(
             (r["dg_anatomy"] | {"case": _describe(r)} for r in checked),
             key=lambda a: a["emulated_vs_reference"],
         )
+        s["dg_exceeding"] = _exceeding_summary(checked)
     return s
 
 

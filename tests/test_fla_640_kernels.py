@@ -1,6 +1,7 @@
 """The per-kernel check of fla's gated delta-rule backward (benchmarks/fla_640_kernels.py):
 a float32 execution of each kernel's steps is within the bound, a wrong product is not."""
 
+import functools
 import importlib.util
 import os
 import sys
@@ -69,15 +70,17 @@ def test_float32_execution_within_the_bound(gates):
         assert all(r["ratio"] <= 1.0 for r in res.values()), res
 
 
-def test_wrong_products_are_caught():
+@pytest.mark.parametrize("accumulation", fk.ACCUMULATIONS)
+def test_wrong_products_are_caught(accumulation):
     # the untransposed block in dk (the kind of wrong product fla's Hopper faults make) is
-    # far outside the allowance in dk, and, through dk, in dqkwg's dg
+    # far outside the allowance in dk, and, through dk, in dqkwg's dg; under the wider
+    # tensor-core bound too (it is not vacuous)
     o = _operands(gates="weak")
     for emulate, names, through in (
         (_dqkwg, ("dq", "dk", "dw", "dg"), ("dk", "dg")),
         (_wy, ("dk", "dv", "dbeta", "dg"), ("dk",)),
     ):
-        ref = emulate(o)
+        ref = emulate(o, accumulation=accumulation)
         got = _as_kernel(emulate(o, work=torch.float32, broken=True), torch.bfloat16, names)
         res = fk.faithfulness(got, ref)
         assert all(res[n]["ratio"] > 100 for n in through), res
@@ -167,3 +170,75 @@ def test_float32_rounding_alone_gives_the_recorded_dg_error():
     sim = repro.simulated_dg(repro.strategy_case(RECORDED, "cpu"))
     assert sim["tokens_over_0.1"] > sim["tokens"] // 4, sim
     assert 0.005 < sim["normwise"] < 0.05, sim
+
+
+# ---------------------------------------------------------------------------------------
+# the tensor-core accumulation model (fla_640_kernels.dot_error, accumulation="tc")
+# ---------------------------------------------------------------------------------------
+
+
+def test_round_to_nearest_bound_is_unchanged():
+    # the "rn" contract is the gamma_n(u_32) of Higham's eq. (3.5), as before the switch
+    for n, extra in ((64, 2), (128, 2), (256, 3)):
+        assert fk.dot_error(n, extra, "rn") == fk.gamma(n + extra)
+    # the tensor-core bound is about 4 n u_32 at block 1, 2 n u_32 (1 + 1/b) at block b
+    assert 3.9 < fk.dot_error(128, 0, "tc") / (128 * fk.U32) < 4.1
+    assert 2.0 < fk.dot_error(128, 0, "tc", block=16) / (128 * fk.U32) < 2.2
+    with pytest.raises(ValueError, match="accumulation"):
+        fk.dot_error(8, 0, "round-up")
+
+
+def test_tc_matmul_truncates():
+    # 1 + 1.5 * 2^-24 (both bf16 values): round to nearest gives 1 + 2^-23, the tensor-core
+    # model (alignment and result truncated toward zero) gives 1
+    a = torch.tensor([[1.0, 1.5 * 2.0**-24]], dtype=torch.bfloat16)
+    b = torch.ones(2, 1, dtype=torch.bfloat16)
+    assert (a.float() @ b.float()).item() == 1 + 2.0**-23
+    assert fk.tc_matmul(a, b).item() == 1.0
+    # positive operands: never above the exact sum, and below it by at most the bound
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(8, 256, generator=g).to(torch.bfloat16)
+    y = torch.rand(256, 8, generator=g).to(torch.bfloat16)
+    exact = x.double() @ y.double()
+    got = fk.tc_matmul(x, y, block=16).double()
+    assert (got <= exact).all()
+    assert ((exact - got) <= fk.dot_error(256, 0, "tc", block=16) * exact).all()
+
+
+@pytest.mark.parametrize("gates", ["strong", "weak"])
+@pytest.mark.parametrize("block", [1, 16])
+def test_tensor_core_emulation_within_the_tc_bound(gates, block):
+    # bound: dot_error(..., "tc"), the tensor-core block-FMA model at block 1 (any block size);
+    # a plain-torch emulation of truncated accumulation (tc_matmul) of each kernel's products,
+    # the rest in float32, must stay within it (and, measured, within the "rn" one here)
+    o = _operands(gates=gates)
+    mm = functools.partial(fk.tc_matmul, block=block)
+    for emulate, names in ((_dqkwg, ("dq", "dk", "dw", "dg")), (_wy, ("dk", "dv", "dbeta", "dg"))):
+        ref = emulate(o, accumulation="tc")
+        got = _as_kernel(emulate(o, work=torch.float32, matmul=mm), torch.bfloat16, names)
+        res = fk.faithfulness(got, ref)
+        assert all(r["ratio"] <= 1.0 for r in res.values()), res
+        # the round-to-nearest bound's slack covers truncation on these operands too
+        res = fk.faithfulness(got, emulate(o))
+        assert all(r["ratio"] <= 1.0 for r in res.values()), res
+
+
+def test_state_sum_in_the_input_dtype_leaves_the_float32_bound_on_last_rows_only():
+    # chunk_bwd_dqkwg sums h o dh with tl.sum on bf16 operands: product and sum in bf16. With
+    # same-sign states (as in fla's own test) that error exceeds the float32 allowance of dg,
+    # only on each chunk's last row (63, and 1 for the partial chunk of T = 130); with that
+    # same state sum in the emulation, the float32 execution is within the bound again
+    o = _operands(T=130, K=128, V=128, gates="weak")
+    for n in ("h", "dh", "q", "k", "v", "do"):
+        o[n] = o[n].abs()
+    state_sum = fk.input_dtype_sum(torch.bfloat16, per_thread=128)
+    names = ("dq", "dk", "dw", "dg")
+    got = _as_kernel(_dqkwg(o, work=torch.float32, hdh_sum=state_sum), torch.bfloat16, names)
+    rn, tc = _dqkwg(o), _dqkwg(o, accumulation="tc")
+    over = fk.exceeding_dg(got["dg"], rn, tc, fk.UNIT[torch.bfloat16], limit=100)
+    assert over and all(e["last_row_of_chunk"] for e in over), over
+    assert {e["row_in_chunk"] for e in over} <= {63, 1}
+    # a rounding-sized miss: a few units of bf16 rounding of the state term's magnitude
+    assert all(abs(e["diff_in_unit_state_magnitudes"]) < 16 for e in over), over
+    replica = _dqkwg(o, hdh_sum=state_sum)
+    assert fk.faithfulness(got, replica)["dg"]["ratio"] <= 1.0
