@@ -38,14 +38,16 @@ import math
 
 import torch
 
+from analysis import precision
+
 U32 = 2.0**-24
 TINY = 2.0**-126  # float32 flush to zero: the absolute error of an underflowing exp2
 UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
 
 
 def gamma(n: int) -> float:
-    """Higham's gamma_n(u_32) = n u / (1 - n u)."""
-    return n * U32 / (1.0 - n * U32)
+    """Higham's gamma_n at float32's unit roundoff (``analysis.precision.gamma``)."""
+    return precision.gamma(n, U32)
 
 
 ACCUMULATIONS = ("rn", "tc")

@@ -180,12 +180,12 @@ def _strongest(A, q, *, L, mu, iters: int, rounds: int, operand: bool):
     if operand:  # the operand of step j (j = 1..r) rounds x_{j-1}; its error enters x_j as -c_j A e
         c, _, _, _, _ = _schedule("chebyshev", L, mu, iters, ())
         tau = -c.unsqueeze(-1) * tau[1:] * lam
+    run = adversarial_operand_run if operand else adversarial_storage_run
     w = torch.linalg.solve(A, q)
     best = None
     for _ in range(rounds):
         w = w / torch.linalg.vector_norm(w)
         signs = torch.sign((tau * (V.T @ w)) @ V.T)  # row j: sign(response_j(A) w)
-        run = adversarial_operand_run if operand else adversarial_storage_run
         x, exact = run(A, q, L=L, mu=mu, iters=iters, signs=signs)
         w = x - exact
         if best is None or torch.linalg.vector_norm(w) > torch.linalg.vector_norm(
@@ -201,16 +201,9 @@ def adversarial_operand_run(A, q, *, L, mu, iters: int, signs, scale: float = 1.
     rounded (allowed by ``bfloat16/operands``' rounding model for ``scale <= 1``), with the signs
     ``signs[i]`` (``(r, D)``). Returns (the perturbed x_r, the exact x_r): a lower bound on the
     worst case any rigorous bound under that contract's rounding model must cover."""
-    c, b, _, s0, _ = _schedule("chebyshev", L, mu, iters, ())
-    x = exact = s0 * q
-    prev = prev_e = torch.zeros_like(q)
-    for i in range(iters):
-        operand = x + scale * signs[i] * _half_spacing(x)
-        y = x - c[i] * (A @ operand - q) + b[i] * (x - prev)
-        ye = exact - c[i] * (A @ exact - q) + b[i] * (exact - prev_e)
-        prev, x = x, y
-        prev_e, exact = exact, ye
-    return x, exact
+    return _perturbed_run(
+        A, q, L=L, mu=mu, iters=iters, operand=lambda x, i: x + scale * signs[i] * _half_spacing(x)
+    )
 
 
 def adversarial_storage_run(A, q, *, L, mu, iters: int, v=None, signs=None, scale: float = 1.0):
@@ -221,17 +214,23 @@ def adversarial_storage_run(A, q, *, L, mu, iters: int, v=None, signs=None, scal
     along ``v`` with the sign of the response at mu of the final iterate to that step's error.
     Returns (the perturbed x_r, the exact x_r): a lower bound on the worst case that any rigorous
     bound under ``bfloat16/storage`` must cover."""
-    c, b, _, s0, _ = _schedule("chebyshev", L, mu, iters, ())
     if signs is None:
         signs = torch.sign(_responses(L, mu, iters, mu)).unsqueeze(-1) * torch.sign(v)
+    return _perturbed_run(
+        A, q, L=L, mu=mu, iters=iters, store=lambda y, j: y + scale * signs[j] * _half_spacing(y)
+    )
 
-    def store(y, j):
-        return y + scale * signs[j] * _half_spacing(y)
 
-    x = store(s0 * q, 0)
-    exact, prev, prev_e = s0 * q, torch.zeros_like(q), torch.zeros_like(q)
+def _perturbed_run(A, q, *, L, mu, iters: int, store=None, operand=None):
+    """Chebyshev beside its exact run, with ``store(y, j)`` applied to each iterate x_j as it is
+    stored and ``operand(x, i)`` to the operand of step i's product: (perturbed x_r, exact x_r)."""
+    store = store or (lambda y, j: y)
+    operand = operand or (lambda x, i: x)
+    c, b, _, s0, _ = _schedule("chebyshev", L, mu, iters, ())
+    x, exact = store(s0 * q, 0), s0 * q
+    prev = prev_e = torch.zeros_like(q)
     for i in range(iters):
-        y = x - c[i] * (A @ x - q) + b[i] * (x - prev)
+        y = x - c[i] * (A @ operand(x, i) - q) + b[i] * (x - prev)
         ye = exact - c[i] * (A @ exact - q) + b[i] * (exact - prev_e)
         prev, x = x, store(y, i + 1)
         prev_e, exact = exact, ye
