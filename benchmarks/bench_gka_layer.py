@@ -224,18 +224,6 @@ def run_fla(q, k, v, results):
 ERR_TARGET = 4e-3
 
 
-# Launch shapes of the solve kernel compared side by side (--variants): chunk, warps and register
-# cap (the cap sets how many programs share an SM), each timed inside the whole solve stage.
-SOLVE_CANDIDATES = (  # (chunk, warps, maxnreg); the first is the default
-    (32, 4, None),
-    (16, 2, 200),
-    (16, 2, None),
-    (16, 4, 128),
-    (32, 4, 168),
-    (64, 8, None),
-)
-
-
 def _set_solve(mod, C, nw, maxnreg):
     mod.SOLVE_LAUNCH.clear()
     mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -243,7 +231,7 @@ def _set_solve(mod, C, nw, maxnreg):
 
 
 def variants(q, k, ref, results):
-    """Every solve launch shape in SOLVE_CANDIDATES, timed inside the bf16 solve stage: GPU time
+    """The default solve launch shape and kernels.gka_layer.ALTERNATIVE_LAUNCHES, timed inside the bf16 solve stage: GPU time
     (profiler kernel sum, with the per-kernel split: the chunk-state walk depends on the chunk
     too), wall time, error against float64. The fastest within ERR_TARGET is set for the rest
     of the run."""
@@ -252,10 +240,16 @@ def variants(q, k, ref, results):
     import kernels
 
     mod = importlib.import_module("kernels.gka_layer")
+    default = (
+        mod.DEFAULT_CHUNK["bfloat16/operands"],
+        mod.SOLVE_LAUNCH["num_warps"],
+        mod.SOLVE_LAUNCH.get("maxnreg"),
+    )
+    candidates = (default, *mod.ALTERNATIVE_LAUNCHES)  # (chunk, warps, maxnreg)
     idx, x_ch, _, _, _ = ref
     fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
     table, best = {}, None
-    for cand in SOLVE_CANDIDATES:
+    for cand in candidates:
         name = "solve C={} warps={} maxnreg={}".format(*cand)
         _set_solve(mod, *cand)
         try:
@@ -273,7 +267,7 @@ def variants(q, k, ref, results):
             table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
         print("variant", name, json.dumps(table[name]), flush=True)
     results["variants"] = table
-    chosen = SOLVE_CANDIDATES[0] if best is None else best[1]  # the default when none qualifies
+    chosen = default if best is None else best[1]  # the default when none qualifies
     _set_solve(mod, *chosen)
     results["chosen"] = dict(zip(("chunk", "num_warps", "maxnreg"), chosen))
 

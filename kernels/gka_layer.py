@@ -55,6 +55,9 @@ _FRO_SQRT = True
 # cost 0.203 ms instead of 0.070; register caps (3-5 programs per SM) and C = 64 with 8 warps on
 # warp-group MMA were 19-145% slower; docs/performance.md).
 SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
+# The other launch shapes measured against it, (chunk, warps, register cap): compared side by side
+# by benchmarks/bench_gka_layer.py --variants, each held within the forward bound by the GPU tests.
+ALTERNATIVE_LAUNCHES = ((16, 2, 200), (16, 2, None), (16, 4, 128), (32, 4, 168), (64, 8, None))
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32

@@ -458,13 +458,7 @@ def test_gpu_broken_variants_fail(variant, monkeypatch):
     }[variant](monkeypatch)
 
 
-GPU_LAUNCHES = [  # (chunk, warps, register cap): benchmarks/bench_gka_layer.py SOLVE_CANDIDATES
-    (16, 2, 200),
-    (16, 2, None),
-    (16, 4, 128),
-    (32, 4, 168),
-    (64, 8, None),
-]
+GPU_LAUNCHES = mod.ALTERNATIVE_LAUNCHES  # (chunk, warps, register cap)
 
 
 @pytest.mark.gpu
