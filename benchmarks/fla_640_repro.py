@@ -539,23 +539,27 @@ def exact_operands(case, scale=1.0, BT=64):
     return dqkwg | {"scale": scale}, wy
 
 
+def _exact_gate_gradients(case, scale=1.0):
+    """The two kernels' gate gradients summed (``dgc``) and the sum of their summands' magnitudes
+    (``terms``), both in exact (float64) arithmetic on :func:`exact_operands` (one chunk)."""
+    kw1, kw2 = exact_operands(case, scale)
+    e1, e2 = fk.emulate_dqkwg(**kw1), fk.emulate_wy_bwd(**kw2)
+    return e1["dg"][0] + e2["dg"][0], e1["dg_summands"][0] + e2["dg_summands"][0]
+
+
 def exact_anatomy(case, scale=1.0) -> dict:
     """fla's decomposition of dg in exact arithmetic (one chunk): the reverse cumulative sum of
     the two kernels' gate gradients (``dg_from_decomposition``, which must equal the float64
     reference: a check of the decomposition), and how much larger dg's summands are than dg
     (``kappa_terms``, ``kappa_cumsum`` as in :func:`dg_anatomy`)."""
-    kw1, kw2 = exact_operands(case, scale)
-    e1 = fk.emulate_dqkwg(**kw1)
-    e2 = fk.emulate_wy_bwd(**kw2)
-    dgc = e1["dg"][0] + e2["dg"][0]
+    dgc, terms = _exact_gate_gradients(case, scale)
     dg = _reverse_cumsum(dgc)
     ref = reference(case, scale)[3]
     n = ref.norm().item()
     return {
         "dg_norm": n,
         "decomposition_vs_reference": (dg - ref).norm().item() / n,
-        "kappa_terms": _reverse_cumsum(e1["dg_summands"][0] + e2["dg_summands"][0]).norm().item()
-        / n,
+        "kappa_terms": _reverse_cumsum(terms).norm().item() / n,
         "kappa_cumsum": _reverse_cumsum(dgc.abs()).norm().item() / n,
     }
 
@@ -574,7 +578,7 @@ def simulated_dg(case, scale=1.0, dtype=torch.bfloat16) -> dict:
     f32 = dict(work=torch.float32)
     dgc = fk.emulate_dqkwg(**kw1, **f32)["dg"][0] + fk.emulate_wy_bwd(**kw2, **f32)["dg"][0]
     dg = _reverse_cumsum(dgc)
-    exact = exact_anatomy_terms(case, scale)
+    exact = _reverse_cumsum(_exact_gate_gradients(case, scale)[1])  # revcumsum(sum of |terms|)
     ref = reference(case, scale)[3]
     nonzero = ref.abs().flatten() > 0  # dg_t = 0 exactly where S_{t-1} = 0 (t = 0, h0 = 0)
     per_token = ((dg.double() - ref).abs() / ref.abs()).flatten()[nonzero]
@@ -589,13 +593,6 @@ def simulated_dg(case, scale=1.0, dtype=torch.bfloat16) -> dict:
         "tokens": per_token.numel(),
         "median_kappa_t": kappa_t.median().item(),
     }
-
-
-def exact_anatomy_terms(case, scale=1.0):
-    """``revcumsum(sum of |terms|)`` per token, from the exact operands (one chunk)."""
-    kw1, kw2 = exact_operands(case, scale)
-    terms = fk.emulate_dqkwg(**kw1)["dg_summands"][0] + fk.emulate_wy_bwd(**kw2)["dg_summands"][0]
-    return _reverse_cumsum(terms)
 
 
 def main(argv=None) -> int:
