@@ -226,7 +226,7 @@ ERR_TARGET = 4e-3
 
 def _set_solve(mod, C, nw, maxnreg):
     mod.SOLVE_LAUNCH.clear()
-    mod.SOLVE_LAUNCH.update(num_warps=nw, num_stages=1, **({"maxnreg": maxnreg} if maxnreg else {}))
+    mod.SOLVE_LAUNCH.update(mod.solve_launch(nw, maxnreg))
     mod.DEFAULT_CHUNK["bfloat16/operands"] = C
 
 

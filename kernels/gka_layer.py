@@ -58,6 +58,14 @@ SOLVE_LAUNCH = {"num_warps": 4, "num_stages": 1}
 # The other launch shapes measured against it, (chunk, warps, register cap): compared side by side
 # by benchmarks/bench_gka_layer.py --variants, each held within the forward bound by the GPU tests.
 ALTERNATIVE_LAUNCHES = ((16, 2, 200), (16, 2, None), (16, 4, 128), (32, 4, 168), (64, 8, None))
+
+
+def solve_launch(num_warps: int, maxnreg=None) -> dict:
+    """The solve kernel's launch options for a shape of ALTERNATIVE_LAUNCHES (one stage: the
+    kernel's loop carries its own operands)."""
+    return {"num_warps": num_warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
+
+
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32

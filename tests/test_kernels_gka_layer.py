@@ -466,7 +466,6 @@ GPU_LAUNCHES = mod.ALTERNATIVE_LAUNCHES  # (chunk, warps, register cap)
 def test_gpu_launch_shapes_within_bound_d128(C, warps, maxnreg, monkeypatch):
     # every other launch shape the benchmark compares (the default is tested above) computes
     # the same function within FWD
-    launch = {"num_warps": warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
-    monkeypatch.setattr(mod, "SOLVE_LAUNCH", launch)
+    monkeypatch.setattr(mod, "SOLVE_LAUNCH", mod.solve_launch(warps, maxnreg))
     x = make_case(21, N=2, T=200, D=128, Dv=64, gates=True, dtype=torch.bfloat16)
     assert forward_excess(x, contract="bfloat16/operands", C=C, iters=30, a=0.02) <= 1.0  # FWD
