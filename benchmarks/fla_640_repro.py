@@ -676,6 +676,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="folder for fla-640[-TAG].json")
     ap.add_argument("--tag", default="", help="suffix of the JSON file's name")
     args = ap.parse_args(argv)
+    if not args.budget >= 0:  # NaN too
+        ap.error(f"argument --budget: expected seconds >= 0, got {args.budget}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, args.dtype)
     t_start = time.time()
@@ -701,8 +703,10 @@ def main(argv=None) -> int:
         forward = stand_in
         args.kernels = False
     else:
-        import fla.ops.common.chunk_o as chunk_o
-
+        try:
+            import fla.ops.common.chunk_o as chunk_o
+        except ImportError as e:
+            ap.error(f"fla-core is needed for this run (or --stand-in / --cpu-anatomy): {e}")
         chunk_o.TRITON_ABOVE_3_7_1 = True  # bypass the guard (its only condition)
         forward = fla_gdn_forward
     rows = []

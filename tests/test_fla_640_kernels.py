@@ -242,3 +242,17 @@ def test_state_sum_in_the_input_dtype_leaves_the_float32_bound_on_last_rows_only
     assert all(abs(e["diff_in_unit_state_magnitudes"]) < 16 for e in over), over
     replica = _dqkwg(o, hdh_sum=state_sum)
     assert fk.faithfulness(got, replica)["dg"]["ratio"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [(["--budget", "-1"], "--budget"), (["--budget", "nan"], "--budget"), ([], "fla-core")],
+)
+def test_usage_errors_are_one_line_and_exit_2(argv, names, capsys, monkeypatch):
+    # a negative or NaN budget, and fla-core missing for a run that needs it: one line, exit 2
+    if names == "fla-core" and importlib.util.find_spec("fla") is not None:
+        pytest.skip("fla-core installed: the run would start")
+    with pytest.raises(SystemExit) as exc:
+        _repro().main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and names in err[0], err

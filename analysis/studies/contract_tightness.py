@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis.argtypes import OneLineParser
+from analysis.argtypes import OneLineParser, positive_int
 from analysis.bounds.contract import _schedule, linear_bound
 
 CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
@@ -241,9 +241,9 @@ def main(argv=None) -> int:
     ap = OneLineParser(
         prog="python -m analysis.studies.contract_tightness", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--D", type=int, default=128)
-    ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--systems", type=int, default=32)
+    ap.add_argument("--D", type=positive_int, default=128)
+    ap.add_argument("--iters", type=positive_int, default=30)
+    ap.add_argument("--systems", type=positive_int, default=32)
     args = ap.parse_args(argv)
     print(f"D={args.D} r={args.iters} systems={args.systems} bf16 inputs")
     print(
