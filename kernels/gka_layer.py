@@ -42,6 +42,7 @@ from solvers.gka import LayerInputs, validate_inputs
 
 from . import _launch as launch
 from .gka_layer_bwd import chunked, implicit_backward, reverse_cumsum, transposed_state_products
+from .gka_layer_carry import carry_backwards
 from .gka_layer_fwd import solve_kernel, states_kernel
 from .kla import PRECISIONS
 
@@ -360,7 +361,18 @@ def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract):
     )
     X, dQ = chunked(x2.float(), C), chunked(dq2, C)
     dk, dv, dbeta, dG = implicit_backward(
-        K=K, G=G, beta=beta, X=X, dQ=dQ, fro=chunked(fro2, C), S=H0, a=a, V=V, dY=dY, R=U0
+        K=K,
+        G=G,
+        beta=beta,
+        X=X,
+        dQ=dQ,
+        fro=chunked(fro2, C),
+        S=H0,
+        a=a,
+        V=V,
+        dY=dY,
+        R=U0,
+        carry=carry_backwards,
     )
     flat = lambda t: None if t is None else t.reshape(t.shape[0], -1, *t.shape[3:])  # noqa: E731
     dG = flat(dG)

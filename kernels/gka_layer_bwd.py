@@ -70,8 +70,31 @@ def _carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Ten
     return out
 
 
+def _accumulate_products(acc: torch.Tensor, *products) -> torch.Tensor:
+    """``acc + sum_p A_p @ B_p`` over batched matrices ``(..., m, n)``, each product added by
+    ``torch.baddbmm`` into ``acc`` (owned by the caller; overwritten)."""
+    shape = acc.shape
+    out = acc.reshape(-1, *shape[-2:])
+    for A, B in products:
+        out = torch.baddbmm(out, A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
+    return out.reshape(shape)
+
+
 def implicit_backward(
-    *, K, G, beta, X, dQ, fro, S, a, V=None, dY=None, R=None, absolute: bool = False
+    *,
+    K,
+    G,
+    beta,
+    X,
+    dQ,
+    fro,
+    S,
+    a,
+    V=None,
+    dY=None,
+    R=None,
+    absolute: bool = False,
+    carry=_carry_backwards,
 ):
     """dk, dv, dbeta and the per-token dG of the module docstring, all chunked.
 
@@ -81,6 +104,8 @@ def implicit_backward(
     k = v = 0, dQ = dY = 0 and a finite fro > 0. Returns ``(dk, dv, dbeta, dG)`` (dv None
     without V). ``absolute=True`` (with entrywise absolute values as inputs) adds every term
     instead of subtracting: the sums of the terms' magnitudes, which rounding bounds scale with.
+    ``carry(delta, decay_last)``: the walk that forms ``P_end`` and ``Q_end`` (default the PyTorch
+    loop :func:`_carry_backwards`; the kernels pass ``kernels.gka_layer_carry.carry_backwards``).
     """
     sgn = 1.0 if absolute else -1.0
     M, _, zeta = _decays(G)
@@ -94,11 +119,16 @@ def implicit_backward(
     KX = M * (K @ X.transpose(-1, -2))  # [i, c] = M_{i,c} k_i . x_c
     s = (zeta * zeta * w).sum(-1)
     coef = b if beta is None else beta * b
-    wH_sum = s[..., None, None] * S + K.transpose(-1, -2) @ (coef.unsqueeze(-1) * K)
-    dH_sum = sgn * (
-        (dQ * zeta.unsqueeze(-1)).transpose(-1, -2) @ X + 0.5 * wH_sum
-    )  # sum_c zeta_c dH_c
-    P_end = _carry_backwards(dH_sum, decay_last)
+    # sum_c zeta_c dH_c = sgn ((dQ . zeta)^T X + (s S + K^T (coef K)) / 2), built in place: the
+    # (D, D) terms are the largest tensors of the backward (one pass each), so the two products
+    # accumulate into the scaled state in their GEMMs' epilogues (halving is exact)
+    half = 0.5 * sgn
+    dH_sum = _accumulate_products(
+        (half * s)[..., None, None] * S,
+        (K.transpose(-1, -2), (half * coef).unsqueeze(-1) * K),
+        ((sgn * dQ * zeta.unsqueeze(-1)).transpose(-1, -2), X),
+    )
+    P_end = carry(dH_sum, decay_last)
     Pk = sgn * (KX @ dQ + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end.transpose(-1, -2))
     PTk = sgn * ((M * (K @ dQ.transpose(-1, -2))) @ X + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end)
     kPk = (K * Pk).sum(-1)
@@ -109,7 +139,7 @@ def implicit_backward(
     vQk = torch.zeros_like(kPk)
     if V is not None:
         dU_sum = (dY * zeta.unsqueeze(-1)).transpose(-1, -2) @ X  # sum_c zeta_c dU_c
-        Q_end = _carry_backwards(dU_sum, decay_last)
+        Q_end = carry(dU_sum, decay_last)
         Qk = KX @ dY + e.unsqueeze(-1) * (K @ Q_end.transpose(-1, -2))
         QTv = (M * (V @ dY.transpose(-1, -2))) @ X + e.unsqueeze(-1) * (V @ Q_end)
         vQk = (V * Qk).sum(-1)

@@ -19,6 +19,7 @@ from kernel_support import DEVICE, needs_triton_device
 
 import kernels
 import solvers
+from analysis.precision import gamma
 from analysis.testing.gka_gradient_harness import (
     UB,
     dfro_bound,
@@ -285,6 +286,56 @@ def test_backward_rounding_within_bound(gates, contract):
         # to the scale of what cancelled; dq, dk, dv to their own size
         scale = ab[n] if n in ("dg", "dbeta") else val[n]
         assert bound < float(torch.linalg.vector_norm(scale))  # GRAD is not vacuous
+
+
+def _backward_excess(x, *, a=0.05, iters=10, C=16, contract="float32/ieee"):
+    """max over the gradients of ||kernel - float64 implicit|| / GRAD."""
+    x64 = f64(x)
+    N, T, _ = x64["q"].shape
+    dy = torch.randn(
+        N, T, x64["v"].shape[-1], generator=torch.Generator().manual_seed(9), dtype=F64
+    )
+    got = kernel_grads(x, dy.float().to(DEVICE), a=a, iters=iters, C=C, contract=contract)
+    rel, val, ab = grad_relative(x64, dy.float().to(F64), a=a, iters=iters, C=C, contract=contract)
+    return max(
+        float(torch.linalg.vector_norm(got[n] - val[n]))
+        / (rel * float(torch.linalg.vector_norm(ab[n])))
+        for n in val
+    )
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_carry_kernel_is_the_loop(gated):
+    """kernels.gka_layer_carry computes the backward's chunk carry as the PyTorch loop does: the
+    same operations in the same order, so equal under the interpreter; on the GPU an FMA may
+    round once where the loop rounds twice, so within 2 gamma_{2 NC}(u_32) times the carry of
+    |delta| (each of the NC steps: at most two roundings of a sum of non-negative magnitudes)."""
+    from kernels.gka_layer_bwd import _carry_backwards
+    from kernels.gka_layer_carry import CARRY_BLOCK, carry_backwards
+
+    gen = torch.Generator().manual_seed(4)
+    N, NC = 3, 7
+    rows, cols = 6, CARRY_BLOCK // 6 + 5  # one state spans two blocks, the second partly masked
+    delta = torch.randn(N, NC, rows, cols, generator=gen)
+    decay = torch.exp(-3 * torch.rand(N, NC, generator=gen)) if gated else torch.ones(N, NC)
+    got = carry_backwards(delta.to(DEVICE), decay.to(DEVICE)).cpu()
+    want = _carry_backwards(delta, decay)
+    if DEVICE == "cpu":
+        assert torch.equal(got, want)
+    else:
+        bound = 2 * gamma(2 * NC, 2.0**-24) * _carry_backwards(delta.abs(), decay)
+        assert ((got - want).abs() <= bound).all()
+    assert torch.equal(want[:, -1], torch.zeros_like(want[:, -1]))  # nothing after the last chunk
+    assert not torch.equal(want[:, :-1], torch.zeros_like(want[:, :-1]))
+
+
+def test_broken_carry_fails(monkeypatch):
+    """The backward check catches a carry that includes the chunk's own sum (off by one chunk)."""
+    x = make_case(9, gates=True)
+    assert _backward_excess(x) <= 1.0  # GRAD
+    original = mod.carry_backwards
+    monkeypatch.setattr(mod, "carry_backwards", lambda delta, decay: original(delta, decay) + delta)
+    assert _backward_excess(x) > 1.0
 
 
 def test_two_float64_implicit_references_agree():
