@@ -71,13 +71,13 @@ def _carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Ten
 
 
 def _accumulate_products(acc: torch.Tensor, *products) -> torch.Tensor:
-    """``acc + sum_p A_p @ B_p`` over batched matrices ``(..., m, n)``, each product added by
-    ``torch.baddbmm`` into ``acc`` (owned by the caller; overwritten)."""
-    shape = acc.shape
-    out = acc.reshape(-1, *shape[-2:])
+    """``acc + sum_p A_p @ B_p`` over batched matrices ``(..., m, n)``, each product added in place
+    by ``Tensor.baddbmm_`` (the out-of-place form copies ``acc`` first). ``acc``: contiguous,
+    owned by the caller, overwritten."""
+    out = acc.view(-1, *acc.shape[-2:])
     for A, B in products:
-        out = torch.baddbmm(out, A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
-    return out.reshape(shape)
+        out.baddbmm_(A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
+    return acc
 
 
 def implicit_backward(
