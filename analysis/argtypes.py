@@ -46,4 +46,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-__all__ = ["HelpFormatter", "OneLineParser", "plain", "positive_int"]
+def non_negative_int(text: str) -> int:
+    """An integer >= 0; anything else is a usage error naming the value (exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+__all__ = ["HelpFormatter", "OneLineParser", "non_negative_int", "plain", "positive_int"]

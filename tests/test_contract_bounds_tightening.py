@@ -15,6 +15,7 @@ from analysis.studies.contract_tightness import (
     _systems,
     adversarial_storage_run,
     eigenbasis_store_bound,
+    flip_search,
     strongest_operand_run,
     strongest_storage_run,
 )
@@ -230,6 +231,36 @@ def test_searched_store_signs_stay_within_the_bound_on_ridge_systems():
         )
         comp, norm = eigenbasis_store_bound(A, run.x[:, s], L=L, mu=mu, iters=30)
         assert float(comp) > float(norm)
+
+
+def test_sign_flips_never_weaken_the_search_and_stay_within_the_bound():
+    """flip_search judges each flip on the whole perturbed run, binade jumps included: the refined
+    sequence is at least as strong as the first-order one, still within the bound, and a flip
+    that weakens it is never kept (the search on a sequence of all +1 signs only grows)."""
+    case = harness.gka_ridge_case(16, (2,), a=0.02, iters=20, kappa_h=1e4, seed=5)
+    H, q = (case.inputs[k].to(torch.bfloat16).double() for k in ("H", "q"))
+    fro = torch.linalg.matrix_norm(H)
+    lam = 0.02 * fro
+    run = cb.linear_bound(
+        "chebyshev", H, q, L=fro + lam, mu=lam, iters=20, shift=lam, contract="bfloat16/storage"
+    )
+    for s in range(2):
+        A = H[s] + lam[s] * torch.eye(16, dtype=torch.float64)
+        kw = dict(L=float(fro[s] + lam[s]), mu=float(lam[s]), iters=20)
+        plain = torch.linalg.vector_norm(torch.sub(*strongest_storage_run(A, q[s], **kw)))
+        refined = torch.linalg.vector_norm(
+            torch.sub(*strongest_storage_run(A, q[s], flips=2, **kw))
+        )
+        assert plain <= refined <= run.bound[-1, s], (plain, refined, run.bound[-1, s])
+        ones = torch.ones(21, 16, dtype=torch.float64)
+        start = torch.linalg.vector_norm(
+            torch.sub(*adversarial_storage_run(A, q[s], signs=ones, **kw))
+        )
+        signs = flip_search(A, q[s], signs=ones, sweeps=1, **kw)
+        after = torch.linalg.vector_norm(
+            torch.sub(*adversarial_storage_run(A, q[s], signs=signs, **kw))
+        )
+        assert after > start
 
 
 def test_store_error_bound_covers_rounding_within_the_drift():

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis.argtypes import OneLineParser, positive_int
+from analysis.argtypes import OneLineParser, non_negative_int, positive_int
 from analysis.bounds.contract import _schedule, linear_bound
 
 CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
@@ -50,7 +50,14 @@ def _problem(family: str, D: int, n: int, iters: int, seed: int):
 
 
 def tightness(
-    family: str, contract: str, *, D: int = 128, iters: int = 30, systems: int = 32, seed: int = 0
+    family: str,
+    contract: str,
+    *,
+    D: int = 128,
+    iters: int = 30,
+    systems: int = 32,
+    seed: int = 0,
+    flips: int = 0,
 ) -> dict:
     """Quantiles of ``bound/||x||`` and ``measured/bound`` over ``systems`` systems."""
     from kernels import emulate
@@ -74,7 +81,7 @@ def tightness(
         out["strongest_over_bound"] = q_(worst)
         out["strongest_over_x"] = q_(worst * rel)
     if contract == "bfloat16/storage":
-        aligned, strongest, eig = _storage_diagnostics(H, q, bound_kw, iters, run)
+        aligned, strongest, eig = _storage_diagnostics(H, q, bound_kw, iters, run, flips)
         out["adversarial_over_bound"] = q_(aligned)
         out["strongest_over_bound"] = q_(strongest)
         out["strongest_over_x"] = q_(strongest * rel)
@@ -98,7 +105,7 @@ def _systems(H, q, bound_kw):
         yield H[s] + shift[s] * torch.eye(D, dtype=torch.float64), float(L[s]), float(mu[s])
 
 
-def _storage_diagnostics(H, q, bound_kw, iters: int, run):
+def _storage_diagnostics(H, q, bound_kw, iters: int, run, flips: int = 0):
     """Per system: :func:`adversarial_storage_run`'s and :func:`strongest_storage_run`'s errors over
     the bound, and :func:`eigenbasis_store_bound`'s ratio."""
     aligned, strongest, eig = [], [], []
@@ -106,7 +113,7 @@ def _storage_diagnostics(H, q, bound_kw, iters: int, run):
         v = torch.linalg.eigh(A).eigenvectors[:, 0]
         x, exact = adversarial_storage_run(A, q[s], L=L, mu=mu, iters=iters, v=v)
         aligned.append(torch.linalg.vector_norm(x - exact) / run.bound[-1, s])
-        x, exact = strongest_storage_run(A, q[s], L=L, mu=mu, iters=iters)
+        x, exact = strongest_storage_run(A, q[s], L=L, mu=mu, iters=iters, flips=flips)
         strongest.append(torch.linalg.vector_norm(x - exact) / run.bound[-1, s])
         comp, norm = eigenbasis_store_bound(A, run.x[:, s], L=L, mu=mu, iters=iters)
         eig.append(comp / norm)
@@ -156,13 +163,52 @@ def eigenbasis_store_bound(A, xs, *, L, mu, iters: int):
     return comp, norm
 
 
-def strongest_storage_run(A, q, *, L, mu, iters: int, rounds: int = 10):
+def strongest_storage_run(A, q, *, L, mu, iters: int, rounds: int = 10, flips: int = 0):
     """The largest final error found among store sequences allowed by the rounding model (every
     store off by a full half spacing of bf16, any signs): alternating maximisation, started from
     the direction of the solution (where a stored iterate's errors gather). For a direction w the
     signs ``sign(tau_{r,j}(A) w)`` maximise ``w^T (x_r - x_r*)`` to first order; w then moves to
-    the error found. Returns (the perturbed x_r, the exact x_r) of the best round."""
-    return _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=False)
+    the error found. ``flips`` > 0 then runs that many sweeps of greedy single-sign flips judged
+    on the whole perturbed run (:func:`flip_search`), which sees what the first-order choice does
+    not: a store that pushes later values over a power of two, where their spacing doubles.
+    Returns (the perturbed x_r, the exact x_r) of the best sequence."""
+    best, signs = _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=False)
+    if flips <= 0:
+        return best
+    signs = flip_search(A, q, L=L, mu=mu, iters=iters, signs=signs, sweeps=flips)
+    return adversarial_storage_run(A, q, L=L, mu=mu, iters=iters, signs=signs)
+
+
+def flip_search(A, q, *, L, mu, iters: int, signs, sweeps: int, tries: int = 8):
+    """Greedy coordinate ascent on the signs ``(r+1, D)`` of :func:`adversarial_storage_run`: per
+    sweep and step j, all D single flips of step j are run at once, and the ``tries`` best are
+    taken one by one while the final error grows. Returns the signs (never a weaker sequence)."""
+    D = q.shape[-1]
+    signs = signs.clone()
+
+    def error(batch):  # (B, r+1, D) signs -> (B,) final errors
+        x, exact = _perturbed_run(
+            A, q, L=L, mu=mu, iters=iters, store=lambda y, j: y + batch[:, j] * _half_spacing(y)
+        )
+        return torch.linalg.vector_norm(x - exact, dim=-1)
+
+    best = error(signs[None])[0]
+    eye = torch.arange(D)
+    for _ in range(sweeps):
+        grew = False
+        for j in range(iters + 1):
+            cand = signs.expand(D, -1, -1).clone()
+            cand[eye, j, eye] *= -1
+            for k in torch.argsort(error(cand), descending=True)[:tries]:
+                trial = signs.clone()
+                trial[j, k] *= -1
+                val = error(trial[None])[0]
+                if val <= best:
+                    break
+                signs, best, grew = trial, val, True
+        if not grew:
+            break
+    return signs
 
 
 def strongest_operand_run(A, q, *, L, mu, iters: int, rounds: int = 10):
@@ -171,7 +217,7 @@ def strongest_operand_run(A, q, *, L, mu, iters: int, rounds: int = 10):
     ``x_{j-1}``, any signs. Such an error reaches x_r through ``-c_j tau_{r,j}(A) A``, so near
     L (where ``c_j lam`` is about 2 omega_j) it is amplified where a stored iterate's is not:
     the worst case of ``spd`` at kappa = 51 (docs/harness.md, "Non-vacuity")."""
-    return _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=True)
+    return _strongest(A, q, L=L, mu=mu, iters=iters, rounds=rounds, operand=True)[0]
 
 
 def _strongest(A, q, *, L, mu, iters: int, rounds: int, operand: bool):
@@ -182,7 +228,7 @@ def _strongest(A, q, *, L, mu, iters: int, rounds: int, operand: bool):
         tau = -c.unsqueeze(-1) * tau[1:] * lam
     run = adversarial_operand_run if operand else adversarial_storage_run
     w = torch.linalg.solve(A, q)
-    best = None
+    best = best_signs = None
     for _ in range(rounds):
         w = w / torch.linalg.vector_norm(w)
         signs = torch.sign((tau * (V.T @ w)) @ V.T)  # row j: sign(response_j(A) w)
@@ -191,8 +237,8 @@ def _strongest(A, q, *, L, mu, iters: int, rounds: int, operand: bool):
         if best is None or torch.linalg.vector_norm(w) > torch.linalg.vector_norm(
             best[0] - best[1]
         ):
-            best = (x, exact)
-    return best
+            best, best_signs = (x, exact), signs
+    return best, best_signs
 
 
 def adversarial_operand_run(A, q, *, L, mu, iters: int, signs, scale: float = 1.0):
@@ -230,8 +276,8 @@ def _perturbed_run(A, q, *, L, mu, iters: int, store=None, operand=None):
     x, exact = store(s0 * q, 0), s0 * q
     prev = prev_e = torch.zeros_like(q)
     for i in range(iters):
-        y = x - c[i] * (A @ operand(x, i) - q) + b[i] * (x - prev)
-        ye = exact - c[i] * (A @ exact - q) + b[i] * (exact - prev_e)
+        y = x - c[i] * (operand(x, i) @ A - q) + b[i] * (x - prev)  # A symmetric: x @ A = A x,
+        ye = exact - c[i] * (exact @ A - q) + b[i] * (exact - prev_e)  # and rows of x batch
         prev, x = x, store(y, i + 1)
         prev_e, exact = exact, ye
     return x, exact
@@ -244,6 +290,12 @@ def main(argv=None) -> int:
     ap.add_argument("--D", type=positive_int, default=128)
     ap.add_argument("--iters", type=positive_int, default=30)
     ap.add_argument("--systems", type=positive_int, default=32)
+    ap.add_argument(
+        "--flips",
+        type=non_negative_int,
+        default=0,
+        help="sweeps of greedy sign flips after the storage search (strongest_storage_run)",
+    )
     args = ap.parse_args(argv)
     print(f"D={args.D} r={args.iters} systems={args.systems} bf16 inputs")
     print(
@@ -251,7 +303,9 @@ def main(argv=None) -> int:
     )
     for fam in ("gka_ridge", "spd"):
         for c in CONTRACTS:
-            t = tightness(fam, c, D=args.D, iters=args.iters, systems=args.systems)
+            t = tightness(
+                fam, c, D=args.D, iters=args.iters, systems=args.systems, flips=args.flips
+            )
             b, m = t["bound_over_x"], t["measured_over_bound"]
             print(
                 f"{fam:10s} {c:18s} {b['median']:>17.4f} ({b['max']:.4f}) {m['median']:>20.3f} ({m['max']:.3f})"
