@@ -147,10 +147,22 @@ def _run_solve(q, k, ref, results, contract, tag):
 
 
 def _run_contract(q, k, v, dy, ref, results, contract, tag):
+    import importlib
+
     import kernels
 
     idx, _, _, y_ch, _ = ref
     _run_solve(q, k, ref, results, contract, tag)
+    mod = importlib.import_module("kernels.gka_layer")
+    cfg = {"contract": contract, "auto_chunk": True}
+    used = mod.solve_kernel_for(q, None, None, cfg, layer=False)
+    results[f"ours solve {tag}"]["solve_kernel"] = used
+    if used != "triton":  # the Triton solve kernel beside the warp-group MMA one
+        mod.SOLVE_KERNEL = "triton"
+        try:
+            _run_solve(q, k, ref, results, contract, f"{tag} kernel=triton")
+        finally:
+            mod.SOLVE_KERNEL = "auto"
     layer = lambda: kernels.gka_layer(q, k, v, a=A, iters=R, contract=contract)  # noqa: E731
     y = layer()
     results[f"ours layer fwd {tag}"] = {
@@ -257,6 +269,7 @@ def variants(q, k, ref, results):
         mod.SOLVE_LAUNCH.get("maxnreg"),
     )
     candidates = (default, *mod.ALTERNATIVE_LAUNCHES)  # (chunk, warps, maxnreg)
+    mod.SOLVE_KERNEL = "triton"  # these are launch shapes of the Triton solve kernel
     idx, x_ch, _, _, _ = ref
     fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
     table, best = {}, None
@@ -277,6 +290,7 @@ def variants(q, k, ref, results):
         except Exception as e:  # a shape that does not compile (registers, shared memory)
             table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
         print("variant", name, json.dumps(table[name]), flush=True)
+    mod.SOLVE_KERNEL = "auto"
     results["variants"] = table
     chosen = default if best is None else best[1]  # the default when none qualifies
     _set_solve(mod, *chosen)

@@ -41,6 +41,7 @@ from solvers import validation as check
 from solvers.gka import LayerInputs, validate_inputs
 
 from . import _launch as launch
+from . import gka_layer_wgmma as wgmma
 from .gka_layer_bwd import chunked, implicit_backward, reverse_cumsum, transposed_state_products
 from .gka_layer_carry import carry_backwards
 from .gka_layer_fwd import solve_kernel, states_kernel
@@ -67,6 +68,11 @@ def solve_launch(num_warps: int, maxnreg=None) -> dict:
     return {"num_warps": num_warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
 
 
+# Which kernel runs the solve stage's Chebyshev loop: "auto" -- the warp-group MMA kernel
+# (kernels/gka_layer_wgmma.py, chunks of 64) where it applies (bfloat16/operands, bf16, D = 128,
+# no gates, a Hopper GPU, the default chunk size; the solve stage alone), else the Triton solve
+# kernel; "triton" -- always the Triton kernel (benchmarks and tests compare the two).
+SOLVE_KERNEL = "auto"
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
@@ -322,13 +328,30 @@ def _record_checks(checks, flags, p: _Prepared, fro2, out2, q, k, v, g, beta, a)
     checks.add(bad, lambda: _explain(q, k, v, g, beta, a, fro, out))
 
 
-def _forward(p: _Prepared, *, a, iters, contract, layer: bool, x_dtype, y_dtype):
+def _forward(p: _Prepared, *, a, iters, contract, layer: bool, x_dtype, y_dtype, kernel="triton"):
     prec = CONTRACTS[contract]
     state_dtype = torch.bfloat16 if prec == "bf16" else torch.float32
     H0, U0 = chunk_states(p, state_dtype, prec, with_u=layer)
+    if kernel == "wgmma":  # eq. (5) and the loop on warp-group MMA (kernels/gka_layer_wgmma.py)
+        x, fro, flags = wgmma.solve_chunks_wgmma(
+            p, H0, a=a, iters=iters, x_dtype=x_dtype, sqrt=_FRO_SQRT
+        )
+        return x, None, fro, flags
     return solve_chunks(
         p, p.q, H0, U0, a=a, iters=iters, prec=prec, x_dtype=x_dtype, y_dtype=y_dtype
     )
+
+
+def solve_kernel_for(q, g, beta, cfg, layer: bool) -> str:
+    """ "wgmma" where the warp-group MMA loop applies to this call (``SOLVE_KERNEL``), else "triton"."""
+    if (
+        SOLVE_KERNEL == "auto"
+        and not layer
+        and cfg["auto_chunk"]
+        and wgmma.supported(q, g is not None or beta is not None, cfg["contract"])
+    ):
+        return "wgmma"
+    return "triton"
 
 
 def _unbroadcast(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -386,8 +409,11 @@ class _GKAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, cfg):
-        p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
         layer = v is not None
+        kernel = solve_kernel_for(q, g, beta, cfg, layer)
+        if kernel == "wgmma":
+            cfg["chunk_size"] = wgmma.CHUNK  # the backward pads and chunks the same way
+        p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
         x2, y2, fro2, flags = _forward(
             p,
             a=cfg["a"],
@@ -396,6 +422,7 @@ class _GKAFunction(torch.autograd.Function):
             layer=layer,
             x_dtype=cfg["x_dtype"],
             y_dtype=q.dtype,
+            kernel=kernel,
         )
         checks = launch.checks_for(cfg["check_inputs"], p.k.device)
         _record_checks(checks, flags, p, fro2, y2 if layer else x2, q, k, v, g, beta, cfg["a"])
@@ -449,6 +476,7 @@ def _config(a, iters, chunk_size, contract, dtype, x_dtype, check_inputs):
         "a": check.ridge_strength(a),
         "iters": check.count("iters", iters),
         "chunk_size": DEFAULT_CHUNK[contract] if chunk_size is None else chunk_size,
+        "auto_chunk": chunk_size is None,
         "contract": contract,
         "x_dtype": x_dtype,
         "check_inputs": check_inputs,

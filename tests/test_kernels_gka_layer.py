@@ -520,3 +520,117 @@ def test_gpu_launch_shapes_within_bound_d128(C, warps, maxnreg, monkeypatch):
     monkeypatch.setattr(mod, "SOLVE_LAUNCH", mod.solve_launch(warps, maxnreg))
     x = make_case(21, N=2, T=200, D=128, Dv=64, gates=True, dtype=torch.bfloat16)
     assert forward_excess(x, contract="bfloat16/operands", C=C, iters=30, a=0.02) <= 1.0  # FWD
+
+
+# ------------------------------------------------------- GPU: the warp-group MMA solve stage
+
+
+def solve_excess(x, *, a=0.02, iters=30):
+    """max over tokens of ||kernels.gka_solve x - float64 Chebyshev x|| / FWD (the x part of
+    :func:`forward_excess`), the chunk the call used in the bound's model."""
+    xs = kernels.gka_solve(x["q"], x["k"], x["g"], x["beta"], a=a, iters=iters)
+    xk = xs.detach().cpu().to(F64)
+    if not torch.isfinite(xk).all():
+        return math.inf
+    x64 = f64(x)
+    N, T, D = x64["q"].shape
+    C = mod.wgmma.CHUNK if uses_wgmma(x) else mod.DEFAULT_CHUNK["bfloat16/operands"]
+    st = per_token(x64, a)
+    e_S, e_gate, e_H = eps_model("bfloat16/operands", C=C, T=T, D=D, g64=x64["g"])
+    A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
+    bx, xr = fwd_bound(
+        A,
+        st["Ha"],
+        x64["q"],
+        st["fro"],
+        a=a,
+        iters=iters,
+        e_H=e_H,
+        dfro=dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C),
+        out_u=UB,
+        x_out=xk,
+    )
+    assert bool((bx < torch.linalg.vector_norm(xr, dim=-1)).all())  # FWD is not vacuous
+    return float((torch.linalg.vector_norm(xk - xr, dim=-1) / bx).max())
+
+
+def uses_wgmma(x):
+    cfg = {"contract": "bfloat16/operands", "auto_chunk": True}
+    return mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg, layer=False) == "wgmma"
+
+
+def wgmma_case(seed, T=200):
+    x = make_case(seed, N=2, T=T, D=128, Dv=8, gates=False, dtype=torch.bfloat16)
+    if not uses_wgmma(x):
+        pytest.skip("the warp-group MMA solve needs a Hopper GPU and Gluon")
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [64, 200])
+def test_gpu_wgmma_solve_within_bound(T):
+    assert solve_excess(wgmma_case(30, T)) <= 1.0  # FWD
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_solve_broken_variants_fail(monkeypatch):
+    x = wgmma_case(31)
+    assert solve_excess(x) <= 1.0
+    with monkeypatch.context() as m:  # lambda from ||H_t||_F^2
+        m.setattr(mod, "_FRO_SQRT", False)
+        assert solve_excess(x) > 1.0
+    original = mod.chunk_states
+
+    def previous_chunk(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        return torch.cat([H0[:, :1], H0[:, :-1]], 1).contiguous(), U0
+
+    monkeypatch.setattr(mod, "chunk_states", previous_chunk)
+    assert solve_excess(x) > 1.0
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_solve_flags():
+    x = wgmma_case(32)
+    q = x["q"].clone()
+    q[0, 3, 5] = float("nan")
+    with pytest.raises(ValueError, match="q"):
+        kernels.gka_solve(q, x["k"], a=0.02, iters=30)
+    k = x["k"].clone()
+    k[:, :10] = 0.0  # H_t = 0 at the first tokens
+    with pytest.raises(ValueError, match="H_t = 0"):
+        kernels.gka_solve(x["q"], k, a=0.02, iters=30)
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_solve_backward_dq_within_bound():
+    # dq of the solve stage through the warp-group MMA forward (chunks of 64, the backward's
+    # Triton kernels at the same chunk): one more r-step solve with the cotangent, FWD on it
+    a, iters = 0.02, 30
+    x = wgmma_case(33)
+    C = mod.wgmma.CHUNK
+    q = x["q"].clone().requires_grad_(True)
+    xs = kernels.gka_solve(q, x["k"], a=a, iters=iters)
+    dX = torch.randn(xs.shape, generator=torch.Generator().manual_seed(33)).to(DEVICE)
+    (dq,) = torch.autograd.grad((xs.float() * dX).sum(), [q])
+    x64 = f64(x)
+    N, T, D = x64["q"].shape
+    st = per_token(x64, a)
+    A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
+    dX64 = dX.cpu().to(F64)
+    ref = solvers.chebyshev(A, dX64, L=st["fro"] * (1 + a), mu=a * st["fro"], iters=iters)
+    e_S, e_gate, e_H = eps_model("bfloat16/operands", C=C, T=T, D=D, g64=x64["g"])
+    b, _ = fwd_bound(
+        A,
+        st["Ha"],
+        dX64,
+        st["fro"],
+        a=a,
+        iters=iters,
+        e_H=e_H,
+        dfro=dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C),
+        out_u=UB,
+        x_out=ref,
+    )
+    err = torch.linalg.vector_norm(dq.cpu().to(F64) - ref, dim=-1)
+    assert bool((err <= b).all())  # FWD on the cotangent solve
