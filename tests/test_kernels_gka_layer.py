@@ -525,9 +525,10 @@ def test_gpu_launch_shapes_within_bound_d128(C, warps, maxnreg, monkeypatch):
 # ------------------------------------------------------- GPU: the warp-group MMA solve stage
 
 
-def solve_excess(x, *, a=0.02, iters=30):
+def solve_excess(x, *, a=0.02, iters=30, conclusive=None):
     """max over tokens of ||kernels.gka_solve x - float64 Chebyshev x|| / FWD (the x part of
-    :func:`forward_excess`), the chunk the call used in the bound's model."""
+    :func:`forward_excess`), the chunk the call used in the bound's model; appends to the list
+    ``conclusive`` the share of tokens where FWD is below ||x|| (a check, not a vacuous bound)."""
     xs = kernels.gka_solve(x["q"], x["k"], x["g"], x["beta"], a=a, iters=iters)
     xk = xs.detach().cpu().to(F64)
     if not torch.isfinite(xk).all():
@@ -550,7 +551,8 @@ def solve_excess(x, *, a=0.02, iters=30):
         out_u=UB,
         x_out=xk,
     )
-    assert bool((bx < torch.linalg.vector_norm(xr, dim=-1)).all())  # FWD is not vacuous
+    if conclusive is not None:  # the share of tokens whose bound is below ||x||
+        conclusive.append(float((bx < torch.linalg.vector_norm(xr, dim=-1)).double().mean()))
     return float((torch.linalg.vector_norm(xk - xr, dim=-1) / bx).max())
 
 
@@ -566,19 +568,31 @@ def wgmma_case(seed, T=200):
     return x
 
 
+# FWD's size against ||x|| depends on kappa and r: at GKA's a = 0.02, r = 30 it is above ||x||
+# on most tokens at D = 128 in bf16 (a check of little weight, as for the Triton kernel's test at
+# that size); at a = 0.1, r = 8 (kappa <= 11) it is below ||x|| on most tokens, and there the
+# broken variants must fail it.
+CONCLUSIVE = dict(a=0.1, iters=8)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [64, 200])
-def test_gpu_wgmma_solve_within_bound(T):
-    assert solve_excess(wgmma_case(30, T)) <= 1.0  # FWD
+@pytest.mark.parametrize("setting", ["gka", "conclusive"])
+def test_gpu_wgmma_solve_within_bound(T, setting):
+    kw = CONCLUSIVE if setting == "conclusive" else dict(a=0.02, iters=30)
+    share = []
+    assert solve_excess(wgmma_case(30, T), conclusive=share, **kw) <= 1.0  # FWD
+    if setting == "conclusive":
+        assert share[0] >= 0.9, share
 
 
 @pytest.mark.gpu
 def test_gpu_wgmma_solve_broken_variants_fail(monkeypatch):
     x = wgmma_case(31)
-    assert solve_excess(x) <= 1.0
+    assert solve_excess(x, **CONCLUSIVE) <= 1.0
     with monkeypatch.context() as m:  # lambda from ||H_t||_F^2
         m.setattr(mod, "_FRO_SQRT", False)
-        assert solve_excess(x) > 1.0
+        assert solve_excess(x, **CONCLUSIVE) > 1.0
     original = mod.chunk_states
 
     def previous_chunk(p, state_dtype, prec, with_u):
@@ -586,7 +600,7 @@ def test_gpu_wgmma_solve_broken_variants_fail(monkeypatch):
         return torch.cat([H0[:, :1], H0[:, :-1]], 1).contiguous(), U0
 
     monkeypatch.setattr(mod, "chunk_states", previous_chunk)
-    assert solve_excess(x) > 1.0
+    assert solve_excess(x, **CONCLUSIVE) > 1.0
 
 
 @pytest.mark.gpu
