@@ -155,7 +155,7 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
     _run_solve(q, k, ref, results, contract, tag)
     mod = importlib.import_module("kernels.gka_layer")
     cfg = {"contract": contract, "auto_chunk": True}
-    used = mod.solve_kernel_for(q, None, None, cfg, layer=False)
+    used = mod.solve_kernel_for(q, None, None, cfg)
     results[f"ours solve {tag}"]["solve_kernel"] = used
     if used != "triton":  # the Triton solve kernel beside the warp-group MMA one
         mod.SOLVE_KERNEL = "triton"
@@ -168,7 +168,18 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
     results[f"ours layer fwd {tag}"] = {
         **timed(layer),
         "y_err_vs_f64_chebyshev": median_rel(y[0, :SUB_HEADS, idx], y_ch),
+        "solve_kernel": mod.solve_kernel_for(q, None, None, cfg, v),
     }
+    if results[f"ours layer fwd {tag}"]["solve_kernel"] != "triton":
+        mod.SOLVE_KERNEL = "triton"
+        try:
+            yt = layer()
+            results[f"ours layer fwd {tag} kernel=triton"] = {
+                **timed(layer),
+                "y_err_vs_f64_chebyshev": median_rel(yt[0, :SUB_HEADS, idx], y_ch),
+            }
+        finally:
+            mod.SOLVE_KERNEL = "auto"
     if contract == "bfloat16/operands":  # the same calls with the value checks' flags not read
         results[f"ours solve {tag} check_inputs=False"] = timed(
             lambda: kernels.gka_solve(q, k, a=A, iters=R, contract=contract, check_inputs=False)
@@ -183,6 +194,12 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
         torch.autograd.backward(out, dy)
 
     results[f"ours layer fwd+bwd {tag}"] = timed(fwd_bwd, reps=5, warm=1)
+    if results[f"ours layer fwd {tag}"]["solve_kernel"] != "triton":
+        mod.SOLVE_KERNEL = "triton"
+        try:
+            results[f"ours layer fwd+bwd {tag} kernel=triton"] = timed(fwd_bwd, reps=5, warm=1)
+        finally:
+            mod.SOLVE_KERNEL = "auto"
     if contract == "bfloat16/operands":  # the backward's chunk carry by the PyTorch loop, as before
         import importlib
 

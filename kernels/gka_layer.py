@@ -68,10 +68,10 @@ def solve_launch(num_warps: int, maxnreg=None) -> dict:
     return {"num_warps": num_warps, "num_stages": 1, **({"maxnreg": maxnreg} if maxnreg else {})}
 
 
-# Which kernel runs the solve stage's Chebyshev loop: "auto" -- the warp-group MMA kernel
-# (kernels/gka_layer_wgmma.py, chunks of 64) where it applies (bfloat16/operands, bf16, D = 128,
-# no gates, a Hopper GPU, the default chunk size; the solve stage alone), else the Triton solve
-# kernel; "triton" -- always the Triton kernel (benchmarks and tests compare the two).
+# Which kernel runs the forward's solve: "auto" -- the warp-group MMA kernel
+# (kernels/gka_layer_wgmma.py, chunks of 64) where it applies (bfloat16/operands, bf16, D = Dv =
+# 128, no gates, a Hopper GPU, the default chunk size), else the Triton solve kernel; "triton" --
+# always the Triton kernel (benchmarks and tests compare the two).
 SOLVE_KERNEL = "auto"
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
@@ -332,23 +332,22 @@ def _forward(p: _Prepared, *, a, iters, contract, layer: bool, x_dtype, y_dtype,
     prec = CONTRACTS[contract]
     state_dtype = torch.bfloat16 if prec == "bf16" else torch.float32
     H0, U0 = chunk_states(p, state_dtype, prec, with_u=layer)
-    if kernel == "wgmma":  # eq. (5) and the loop on warp-group MMA (kernels/gka_layer_wgmma.py)
-        x, fro, flags = wgmma.solve_chunks_wgmma(
-            p, H0, a=a, iters=iters, x_dtype=x_dtype, sqrt=_FRO_SQRT
+    if kernel == "wgmma":  # eq. (5), the loop and y on warp-group MMA (kernels/gka_layer_wgmma.py)
+        return wgmma.solve_chunks_wgmma(
+            p, H0, U0, a=a, iters=iters, x_dtype=x_dtype, y_dtype=y_dtype, sqrt=_FRO_SQRT
         )
-        return x, None, fro, flags
     return solve_chunks(
         p, p.q, H0, U0, a=a, iters=iters, prec=prec, x_dtype=x_dtype, y_dtype=y_dtype
     )
 
 
-def solve_kernel_for(q, g, beta, cfg, layer: bool) -> str:
-    """ "wgmma" where the warp-group MMA loop applies to this call (``SOLVE_KERNEL``), else "triton"."""
+def solve_kernel_for(q, g, beta, cfg, v=None) -> str:
+    """Which kernel runs this call's forward: "wgmma" where the warp-group MMA kernel applies
+    (``SOLVE_KERNEL``; v: the layer's values, None for the solve stage), else "triton"."""
     if (
         SOLVE_KERNEL == "auto"
-        and not layer
         and cfg["auto_chunk"]
-        and wgmma.supported(q, g is not None or beta is not None, cfg["contract"])
+        and wgmma.supported(q, g is not None or beta is not None, cfg["contract"], v)
     ):
         return "wgmma"
     return "triton"
@@ -410,7 +409,7 @@ class _GKAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, cfg):
         layer = v is not None
-        kernel = solve_kernel_for(q, g, beta, cfg, layer)
+        kernel = solve_kernel_for(q, g, beta, cfg, v)
         if kernel == "wgmma":
             cfg["chunk_size"] = wgmma.CHUNK  # the backward pads and chunks the same way
         p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])

@@ -52,11 +52,13 @@ WARPS = 4  # one warp group
 DIM = 128  # key dimension D the layouts are written for
 
 
-def supported(q: torch.Tensor, has_gates: bool, contract: str) -> bool:
+def supported(q: torch.Tensor, has_gates: bool, contract: str, v=None) -> bool:
     """Whether :func:`solve_chunks_wgmma` runs this call: contract bfloat16/operands, bf16 inputs,
-    D = 128, no gates, a CUDA device of compute capability 9.x, Gluon importable."""
+    D (and Dv, for the layer) = 128, no gates, a CUDA device of compute capability 9.x, Gluon
+    importable."""
     return (
         AVAILABLE
+        and (v is None or v.shape[-1] == DIM)
         and contract == "bfloat16/operands"
         and not has_gates
         and q.dtype == torch.bfloat16
@@ -85,9 +87,12 @@ if AVAILABLE:
     def wgmma_solve_kernel(
         p_q,
         p_k,
+        p_v,
         p_H,
+        p_U,
         p_fro,
         p_x,
+        p_y,
         p_flag,
         T,
         NC,
@@ -98,6 +103,7 @@ if AVAILABLE:
         D: gl.constexpr,
         C: gl.constexpr,
         SQRT: gl.constexpr,
+        HAS_Y: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         # float32 tiles [C, D] and [C, C] in the warp-group MMA layout (one group: warps [4, 1])
@@ -196,19 +202,47 @@ if AVAILABLE:
         real = (i_c * C + a_t) < T
         Xf = gl.where(real[:, None], Xo.to(gl.float32), 0.0)
         flag |= 8 * _nonfinite(Xf)
+        if HAS_Y:
+            # y = X R^T + (M . X K^T) V with x as stored (as the Triton kernel): the value state R
+            # and v take the places of S and q in shared memory, free after the loop
+            gl.thread_barrier()
+            # offsets formed again here rather than kept alive through the loop
+            y_r = gl.arange(0, D, layout=gl.SliceLayout(1, ld_l))
+            y_d = gl.arange(0, D, layout=gl.SliceLayout(0, ld_l))
+            y_t = gl.arange(0, C, layout=gl.SliceLayout(1, ld_l))
+            R = gl.load(p_U + base * D * D + y_r[:, None] * D + y_d[None, :])
+            Vb = gl.load(p_v + (row0 + y_t)[:, None] * D + y_d[None, :])
+            flag |= 2 * _nonfinite(Vb)
+            s_S.store(R)
+            s_Q.store(Vb)
+            b_Z = s_Z.index(iters % 2)
+            b_Z.store(Xo.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            P = warpgroup_mma(b_Z, s_K.permute((1, 0)), P0, use_acc=False, is_async=True)
+            Y = warpgroup_mma(b_Z, s_S.permute((1, 0)), zero, use_acc=False, is_async=True)
+            P = warpgroup_mma_wait(num_outstanding=1, deps=(P,))
+            A = gl.convert_layout(gl.where(lower, P, 0.0).to(gl.bfloat16), dot_a)
+            Y = warpgroup_mma(A, s_Q, Y, is_async=True)
+            Y = warpgroup_mma_wait(num_outstanding=0, deps=(Y,))
+            Yo = Y.to(p_y.dtype.element_ty)
+            gl.store(p_y + (row0 + a_t)[:, None] * D + a_d[None, :], Yo)
+            flag |= 8 * _nonfinite(gl.where(real[:, None], Yo.to(gl.float32), 0.0))
         gl.store(p_flag + base, flag)
 
 
-def solve_chunks_wgmma(p, H0, *, a, iters, x_dtype, sqrt=True):
-    """``(x, fro, flags)`` for every chunk by :func:`wgmma_solve_kernel`: x ``(N, Tp, D)`` in
-    ``x_dtype``, the float32 ``||H_t||_F`` (eq. (5)) ``(N, Tp)``, int32 flags ``(N, NC)`` with the
-    bits of kernels/gka_layer_fwd.py. ``p``: kernels.gka_layer's prepared inputs in chunks of
-    CHUNK tokens; H0: the bf16 chunk-start states; ``sqrt=False`` takes lambda from
+def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=True):
+    """``(x, y, fro, flags)`` for every chunk by :func:`wgmma_solve_kernel`: x ``(N, Tp, D)`` in
+    ``x_dtype``; y ``(N, Tp, Dv)`` in ``y_dtype`` when U0 is given (the layer), else None; the
+    float32 ``||H_t||_F`` (eq. (5)) ``(N, Tp)``; int32 flags ``(N, NC)`` with the bits of
+    kernels/gka_layer_fwd.py. ``p``: kernels.gka_layer's prepared inputs in chunks of CHUNK
+    tokens; H0, U0: the bf16 chunk-start states; ``sqrt=False`` takes lambda from
     ``||H_t||_F^2`` (the tests' broken variant)."""
     N, Tp, D = p.k.shape
     NC = Tp // p.C
     dev = p.k.device
     x = torch.empty((N, Tp, D), dtype=x_dtype, device=dev)
+    y = None if U0 is None else torch.empty((N, Tp, D), dtype=y_dtype, device=dev)
     fro = torch.empty((N, Tp), dtype=torch.float32, device=dev)
     flags = torch.empty((N, NC), dtype=torch.int32, device=dev)
     a64 = float(a)
@@ -217,9 +251,12 @@ def solve_chunks_wgmma(p, H0, *, a, iters, x_dtype, sqrt=True):
         wgmma_solve_kernel[(N, NC)](
             p.q,
             p.k,
+            p.v if U0 is not None else p.k,
             H0,
+            U0 if U0 is not None else H0,
             fro,
             x,
+            y if y is not None else x,
             flags,
             p.T,
             NC,
@@ -230,6 +267,7 @@ def solve_chunks_wgmma(p, H0, *, a, iters, x_dtype, sqrt=True):
             D=D,
             C=p.C,
             SQRT=sqrt,
+            HAS_Y=U0 is not None,
             num_warps=WARPS,
         )
-    return x, fro, flags
+    return x, y, fro, flags

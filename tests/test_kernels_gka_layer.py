@@ -54,10 +54,16 @@ def f64(x):
 
 
 def forward_excess(x, *, a=0.05, iters=10, C=16, contract=None, kernel=None):
-    """max over tokens of ||kernel - float64|| / FWD bound, for x and y (module docstring)."""
+    """max over tokens of ||kernel - float64|| / FWD bound, for x and y (module docstring).
+    ``C=None``: the call's default chunk (the warp-group MMA kernel's 64 where it runs)."""
     kernel = kernel or kernels.gka_layer
     x64 = f64(x)
     contract = mod.resolve_contract(contract, x["q"].dtype)
+    C_model = C
+    if C is None:
+        cfg = {"contract": contract, "auto_chunk": True}
+        wg = mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg, x["v"]) == "wgmma"
+        C_model = mod.wgmma.CHUNK if wg else mod.DEFAULT_CHUNK[contract]
     y, info = kernel(
         x["q"],
         x["k"],
@@ -75,8 +81,8 @@ def forward_excess(x, *, a=0.05, iters=10, C=16, contract=None, kernel=None):
         return math.inf
     N, T, D = x64["q"].shape
     st = per_token(x64, a)
-    e_S, e_gate, e_H = eps_model(contract, C=C, T=T, D=D, g64=x64["g"])
-    dfro = dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C)
+    e_S, e_gate, e_H = eps_model(contract, C=C_model, T=T, D=D, g64=x64["g"])
+    dfro = dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C_model)
     A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
     u_out = UB if x["q"].dtype == torch.bfloat16 else 0.0
     bx, xr = fwd_bound(
@@ -558,7 +564,7 @@ def solve_excess(x, *, a=0.02, iters=30, conclusive=None):
 
 def uses_wgmma(x):
     cfg = {"contract": "bfloat16/operands", "auto_chunk": True}
-    return mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg, layer=False) == "wgmma"
+    return mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg) == "wgmma"
 
 
 def wgmma_case(seed, T=200):
@@ -648,3 +654,38 @@ def test_gpu_wgmma_solve_backward_dq_within_bound():
     )
     err = torch.linalg.vector_norm(dq.cpu().to(F64) - ref, dim=-1)
     assert bool((err <= b).all())  # FWD on the cotangent solve
+
+
+def wgmma_layer_case(seed, T=200):
+    x = make_case(seed, N=2, T=T, D=128, Dv=128, gates=False, dtype=torch.bfloat16)
+    cfg = {"contract": "bfloat16/operands", "auto_chunk": True}
+    if mod.solve_kernel_for(x["q"], None, None, cfg, x["v"]) != "wgmma":
+        pytest.skip("the warp-group MMA layer forward needs a Hopper GPU and Gluon")
+    return x
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["gka", "conclusive"])
+def test_gpu_wgmma_layer_within_bound(setting):
+    # x and y of the layer forward on warp-group MMA within FWD (at a = 0.1, r = 8, where FWD is
+    # below ||x|| on every token, and at GKA's setting, where it checks little)
+    kw = CONCLUSIVE if setting == "conclusive" else dict(a=0.02, iters=30)
+    assert forward_excess(wgmma_layer_case(34), C=None, **kw) <= 1.0  # FWD
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_layer_broken_variants_fail(monkeypatch):
+    x = wgmma_layer_case(35)
+    assert forward_excess(x, C=None, **CONCLUSIVE) <= 1.0
+    with monkeypatch.context() as m:
+        m.setattr(mod, "_FRO_SQRT", False)
+        assert forward_excess(x, C=None, **CONCLUSIVE) > 1.0
+    original = mod.chunk_states
+
+    def previous_chunk(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        shift = lambda S: torch.cat([S[:, :1], S[:, :-1]], 1).contiguous()  # noqa: E731
+        return shift(H0), shift(U0)
+
+    monkeypatch.setattr(mod, "chunk_states", previous_chunk)
+    assert forward_excess(x, C=None, **CONCLUSIVE) > 1.0
