@@ -411,7 +411,8 @@ class _GKAFunction(torch.autograd.Function):
         layer = v is not None
         kernel = solve_kernel_for(q, g, beta, cfg, v)
         if kernel == "wgmma":
-            cfg["chunk_size"] = wgmma.CHUNK  # the backward pads and chunks the same way
+            cfg["backward_chunk"] = cfg["chunk_size"]
+            cfg["chunk_size"] = wgmma.CHUNK
         p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
         x2, y2, fro2, flags = _forward(
             p,
@@ -438,8 +439,12 @@ class _GKAFunction(torch.autograd.Function):
     def backward(ctx, d_out, _d_aux, _d_fro):
         q, k, v, g, beta, x2, fro2 = ctx.saved_tensors
         cfg = ctx.cfg
-        p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
+        # the backward's own chunk: the warp-group MMA forward's 64 is slower here (its Triton
+        # kernels run best at the default); padding to a multiple of 32 never exceeds the
+        # forward's padding to 64, so x and ||H||_F are cut to it
+        p = prepare(q, k, v, g, beta, cfg["a"], cfg.get("backward_chunk", cfg["chunk_size"]))
         N, Tp = p.q.shape[0], p.q.shape[1]
+        x2, fro2 = x2[:, :Tp].contiguous(), fro2[:, :Tp].contiguous()
         cot = _pad(
             d_out.expand(*p.batch, *d_out.shape[-2:]).reshape(N, p.T, -1).float(), Tp
         ).contiguous()

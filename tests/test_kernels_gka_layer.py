@@ -624,11 +624,11 @@ def test_gpu_wgmma_solve_flags():
 
 @pytest.mark.gpu
 def test_gpu_wgmma_solve_backward_dq_within_bound():
-    # dq of the solve stage through the warp-group MMA forward (chunks of 64, the backward's
-    # Triton kernels at the same chunk): one more r-step solve with the cotangent, FWD on it
+    # dq of the solve stage through the warp-group MMA forward (chunks of 64; the backward's
+    # Triton kernels at their default chunk): one more r-step solve with the cotangent, FWD on it
     a, iters = 0.02, 30
     x = wgmma_case(33)
-    C = mod.wgmma.CHUNK
+    C = mod.DEFAULT_CHUNK["bfloat16/operands"]
     q = x["q"].clone().requires_grad_(True)
     xs = kernels.gka_solve(q, x["k"], a=a, iters=iters)
     dX = torch.randn(xs.shape, generator=torch.Generator().manual_seed(33)).to(DEVICE)
