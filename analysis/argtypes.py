@@ -35,26 +35,24 @@ def plain(doc: str) -> str:
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("``", "").strip()
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1; anything else is a usage error naming the value (exit status 2)."""
+def _int_at_least(text: str, minimum: int, wanted: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1; anything else is a usage error naming the value (exit status 2)."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0; anything else is a usage error naming the value (exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 __all__ = ["HelpFormatter", "OneLineParser", "non_negative_int", "plain", "positive_int"]

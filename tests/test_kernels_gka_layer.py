@@ -53,6 +53,28 @@ def f64(x):
     return {n: (None if t is None else t.detach().cpu().to(F64)) for n, t in x.items()}
 
 
+def x_bound(x64, xk, *, a, iters, contract, C, out_u):
+    """FWD for x per token and the float64 r-step x: ``(bound, x_ref, per_token stats, eps_H)``
+    (module docstring), for the kernel's x ``xk`` computed in chunks of C under ``contract``."""
+    N, T, D = x64["q"].shape
+    st = per_token(x64, a)
+    e_S, e_gate, e_H = eps_model(contract, C=C, T=T, D=D, g64=x64["g"])
+    A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
+    bx, xr = fwd_bound(
+        A,
+        st["Ha"],
+        x64["q"],
+        st["fro"],
+        a=a,
+        iters=iters,
+        e_H=e_H,
+        dfro=dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C),
+        out_u=out_u,
+        x_out=xk,
+    )
+    return bx, xr, st, e_H
+
+
 def forward_excess(x, *, a=0.05, iters=10, C=16, contract=None, kernel=None):
     """max over tokens of ||kernel - float64|| / FWD bound, for x and y (module docstring).
     ``C=None``: the call's default chunk (the warp-group MMA kernel's 64 where it runs)."""
@@ -79,24 +101,8 @@ def forward_excess(x, *, a=0.05, iters=10, C=16, contract=None, kernel=None):
     y, xk = y.detach().cpu().to(F64), info.x.cpu().to(F64)
     if not (torch.isfinite(y).all() and torch.isfinite(xk).all()):
         return math.inf
-    N, T, D = x64["q"].shape
-    st = per_token(x64, a)
-    e_S, e_gate, e_H = eps_model(contract, C=C_model, T=T, D=D, g64=x64["g"])
-    dfro = dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C_model)
-    A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
     u_out = UB if x["q"].dtype == torch.bfloat16 else 0.0
-    bx, xr = fwd_bound(
-        A,
-        st["Ha"],
-        x64["q"],
-        st["fro"],
-        a=a,
-        iters=iters,
-        e_H=e_H,
-        dfro=dfro,
-        out_u=u_out,
-        x_out=xk,
-    )
+    bx, xr, st, e_H = x_bound(x64, xk, a=a, iters=iters, contract=contract, C=C_model, out_u=u_out)
     yref = solvers.gka_layer(
         x64["q"],
         x64["k"],
@@ -539,23 +545,9 @@ def solve_excess(x, *, a=0.02, iters=30, conclusive=None):
     xk = xs.detach().cpu().to(F64)
     if not torch.isfinite(xk).all():
         return math.inf
-    x64 = f64(x)
-    N, T, D = x64["q"].shape
     C = mod.wgmma.CHUNK if uses_wgmma(x) else mod.DEFAULT_CHUNK["bfloat16/operands"]
-    st = per_token(x64, a)
-    e_S, e_gate, e_H = eps_model("bfloat16/operands", C=C, T=T, D=D, g64=x64["g"])
-    A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
-    bx, xr = fwd_bound(
-        A,
-        st["Ha"],
-        x64["q"],
-        st["fro"],
-        a=a,
-        iters=iters,
-        e_H=e_H,
-        dfro=dfro_bound(st["Ha"], st["fro"], e_S, e_gate, D=D, C=C),
-        out_u=UB,
-        x_out=xk,
+    bx, xr, _, _ = x_bound(
+        f64(x), xk, a=a, iters=iters, contract="bfloat16/operands", C=C, out_u=UB
     )
     if conclusive is not None:  # the share of tokens whose bound is below ||x||
         conclusive.append(float((bx < torch.linalg.vector_norm(xr, dim=-1)).double().mean()))
