@@ -5,13 +5,17 @@ appendix eq. (55); Sec. 4.1 eq. (4) for lambda_t = a ||H_t||_F; Algorithm 1 for 
 computed chunkwise (kernels/gka_layer_fwd.py): chunk states by the GDN-style chunk recurrence,
 ``||H_t||_F`` by eq. (5) in the solve kernel, and the r Chebyshev steps for all tokens of a chunk
 at once, ``H_t X`` as ``(state X)`` plus the gated intra-chunk terms as tensor-core products.
+On Hopper, for bf16 inputs with D = Dv = 128, no gates and the default chunk, the forward after
+the chunk states runs on warp-group MMA instead (kernels/gka_layer_wgmma.py, Gluon; the same
+contract; ``SOLVE_KERNEL``).
 
 Backward (an ``autograd.Function``) by implicit differentiation, as GKA trains: x_t is treated as
 the exact solution of ``(H_t + lambda_t I) x_t = q_t``, ``dq_t`` is one more r-step Chebyshev
 solve with the cotangent ``dx_t = U_t^T dy_t`` (eq. (6); by Lemma 2 this is exactly the gradient
 of the truncated loop with respect to q), and dk, dv, dg, dbeta follow Lemma 1 / appendix D.2
 through the chunk recurrence, including the ``lambda_t = a ||H_t||_F`` path
-(kernels/gka_layer_bwd.py, PyTorch on the GPU's float32). The gradients with respect to k, g and
+(kernels/gka_layer_bwd.py, PyTorch on the GPU's float32, the walk over the chunks a Triton
+kernel, kernels/gka_layer_carry.py). The gradients with respect to k, g and
 beta differ from autograd through the truncated loop by a truncation term that shrinks like the
 Chebyshev error (docs/gka_layer.md, "Kernel").
 
