@@ -34,7 +34,12 @@ from __future__ import annotations
 
 import torch
 
+# Gluon's API still changes between Triton releases: the kernel runs only on the versions it was
+# compiled and tested with on the GPU (docs/validation.md); elsewhere the Triton kernel runs.
+TESTED_TRITON = ("3.6.",)
+
 try:  # Gluon is experimental: absent from older Triton, and it has no CPU interpreter
+    import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -55,9 +60,10 @@ DIM = 128  # key dimension D the layouts are written for
 def supported(q: torch.Tensor, has_gates: bool, contract: str, v=None) -> bool:
     """Whether :func:`solve_chunks_wgmma` runs this call: contract bfloat16/operands, bf16 inputs,
     D (and Dv, for the layer) = 128, no gates, a CUDA device of compute capability 9.x, Gluon
-    importable."""
+    importable from a Triton version in TESTED_TRITON."""
     return (
         AVAILABLE
+        and triton.__version__.startswith(TESTED_TRITON)
         and (v is None or v.shape[-1] == DIM)
         and contract == "bfloat16/operands"
         and not has_gates
