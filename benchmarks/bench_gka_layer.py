@@ -17,6 +17,7 @@ Chebyshev steps (the rounding of the kernel) and against the exact solve.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -29,6 +30,17 @@ B, T, NH, D = 4, 4096, 8, 128
 R, A = 30, 0.02
 REPS = 15
 SUB_HEADS, SUB_STRIDE = 2, 16
+
+
+@contextlib.contextmanager
+def patched(obj, name: str, value):
+    """``obj.name`` set to ``value`` inside the block (a module switch such as SOLVE_KERNEL)."""
+    saved = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, saved)
 
 
 def _pct(xs, p):
@@ -154,32 +166,26 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
     idx, _, _, y_ch, _ = ref
     _run_solve(q, k, ref, results, contract, tag)
     mod = importlib.import_module("kernels.gka_layer")
-    cfg = {"contract": contract, "auto_chunk": True}
-    used = mod.solve_kernel_for(q, None, None, cfg)
+    used = mod.solve_kernel_for(q, None, None, contract)
     results[f"ours solve {tag}"]["solve_kernel"] = used
     if used != "triton":  # the Triton solve kernel beside the warp-group MMA one
-        mod.SOLVE_KERNEL = "triton"
-        try:
+        with patched(mod, "SOLVE_KERNEL", "triton"):
             _run_solve(q, k, ref, results, contract, f"{tag} kernel=triton")
-        finally:
-            mod.SOLVE_KERNEL = "auto"
     layer = lambda: kernels.gka_layer(q, k, v, a=A, iters=R, contract=contract)  # noqa: E731
     y = layer()
     results[f"ours layer fwd {tag}"] = {
         **timed(layer),
         "y_err_vs_f64_chebyshev": median_rel(y[0, :SUB_HEADS, idx], y_ch),
-        "solve_kernel": mod.solve_kernel_for(q, None, None, cfg, v),
+        "solve_kernel": mod.solve_kernel_for(q, None, None, contract, v),
     }
-    if results[f"ours layer fwd {tag}"]["solve_kernel"] != "triton":
-        mod.SOLVE_KERNEL = "triton"
-        try:
+    layer_wgmma = results[f"ours layer fwd {tag}"]["solve_kernel"] != "triton"
+    if layer_wgmma:
+        with patched(mod, "SOLVE_KERNEL", "triton"):
             yt = layer()
             results[f"ours layer fwd {tag} kernel=triton"] = {
                 **timed(layer),
                 "y_err_vs_f64_chebyshev": median_rel(yt[0, :SUB_HEADS, idx], y_ch),
             }
-        finally:
-            mod.SOLVE_KERNEL = "auto"
     if contract == "bfloat16/operands":  # the same calls with the value checks' flags not read
         results[f"ours solve {tag} check_inputs=False"] = timed(
             lambda: kernels.gka_solve(q, k, a=A, iters=R, contract=contract, check_inputs=False)
@@ -194,23 +200,14 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
         torch.autograd.backward(out, dy)
 
     results[f"ours layer fwd+bwd {tag}"] = timed(fwd_bwd, reps=5, warm=1)
-    if results[f"ours layer fwd {tag}"]["solve_kernel"] != "triton":
-        mod.SOLVE_KERNEL = "triton"
-        try:
+    if layer_wgmma:
+        with patched(mod, "SOLVE_KERNEL", "triton"):
             results[f"ours layer fwd+bwd {tag} kernel=triton"] = timed(fwd_bwd, reps=5, warm=1)
-        finally:
-            mod.SOLVE_KERNEL = "auto"
     if contract == "bfloat16/operands":  # the backward's chunk carry by the PyTorch loop, as before
-        import importlib
-
         from kernels.gka_layer_bwd import _carry_backwards
 
-        mod = importlib.import_module("kernels.gka_layer")
-        kernel_carry, mod.carry_backwards = mod.carry_backwards, _carry_backwards
-        try:
+        with patched(mod, "carry_backwards", _carry_backwards):
             results[f"ours layer fwd+bwd {tag} carry=pytorch-loop"] = timed(fwd_bwd, reps=5, warm=1)
-        finally:
-            mod.carry_backwards = kernel_carry
 
 
 def run_materialised(q, k, ref, results):
@@ -286,28 +283,27 @@ def variants(q, k, ref, results):
         mod.SOLVE_LAUNCH.get("maxnreg"),
     )
     candidates = (default, *mod.ALTERNATIVE_LAUNCHES)  # (chunk, warps, maxnreg)
-    mod.SOLVE_KERNEL = "triton"  # these are launch shapes of the Triton solve kernel
     idx, x_ch, _, _, _ = ref
     fn = lambda: kernels.gka_solve(q, k, a=A, iters=R)  # noqa: E731
     table, best = {}, None
-    for cand in candidates:
-        name = "solve C={} warps={} maxnreg={}".format(*cand)
-        _set_solve(mod, *cand)
-        try:
-            err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
-            t = timed(fn, reps=9, warm=2)
-            table[name] = {
-                "gpu_ms": t["gpu_ms"]["median"],
-                "wall_ms": t["wall_ms"]["median"],
-                "err": err,
-                "kernels_ms": t["kernels_ms"],
-            }
-            if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
-                best = (t["gpu_ms"]["median"], cand)
-        except Exception as e:  # a shape that does not compile (registers, shared memory)
-            table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
-        print("variant", name, json.dumps(table[name]), flush=True)
-    mod.SOLVE_KERNEL = "auto"
+    with patched(mod, "SOLVE_KERNEL", "triton"):  # launch shapes of the Triton kernel
+        for cand in candidates:
+            name = "solve C={} warps={} maxnreg={}".format(*cand)
+            _set_solve(mod, *cand)
+            try:
+                err = median_rel(fn()[0, :SUB_HEADS, idx], x_ch)
+                t = timed(fn, reps=9, warm=2)
+                table[name] = {
+                    "gpu_ms": t["gpu_ms"]["median"],
+                    "wall_ms": t["wall_ms"]["median"],
+                    "err": err,
+                    "kernels_ms": t["kernels_ms"],
+                }
+                if err <= ERR_TARGET and (best is None or t["gpu_ms"]["median"] < best[0]):
+                    best = (t["gpu_ms"]["median"], cand)
+            except Exception as e:  # a shape that does not compile (registers, shared memory)
+                table[name] = f"failed: {type(e).__name__}: {str(e)[:160]}"
+            print("variant", name, json.dumps(table[name]), flush=True)
     results["variants"] = table
     chosen = default if best is None else best[1]  # the default when none qualifies
     _set_solve(mod, *chosen)

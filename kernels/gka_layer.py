@@ -345,13 +345,14 @@ def _forward(p: _Prepared, *, a, iters, contract, layer: bool, x_dtype, y_dtype,
     )
 
 
-def solve_kernel_for(q, g, beta, cfg, v=None) -> str:
-    """Which kernel runs this call's forward: "wgmma" where the warp-group MMA kernel applies
-    (``SOLVE_KERNEL``; v: the layer's values, None for the solve stage), else "triton"."""
+def solve_kernel_for(q, g, beta, contract: str, v=None, auto_chunk: bool = True) -> str:
+    """Which kernel runs a call's forward: "wgmma" where the warp-group MMA kernel applies
+    (``SOLVE_KERNEL``; v: the layer's values, None for the solve stage; ``auto_chunk``: the caller
+    left the chunk size to the default), else "triton"."""
     if (
         SOLVE_KERNEL == "auto"
-        and cfg["auto_chunk"]
-        and wgmma.supported(q, g is not None or beta is not None, cfg["contract"], v)
+        and auto_chunk
+        and wgmma.supported(q, g is not None or beta is not None, contract, v)
     ):
         return "wgmma"
     return "triton"
@@ -413,11 +414,9 @@ class _GKAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, cfg):
         layer = v is not None
-        kernel = solve_kernel_for(q, g, beta, cfg, v)
-        if kernel == "wgmma":
-            cfg["backward_chunk"] = cfg["chunk_size"]
-            cfg["chunk_size"] = wgmma.CHUNK
-        p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
+        kernel = solve_kernel_for(q, g, beta, cfg["contract"], v, cfg["auto_chunk"])
+        chunk = wgmma.CHUNK if kernel == "wgmma" else cfg["chunk_size"]
+        p = prepare(q, k, v, g, beta, cfg["a"], chunk)
         x2, y2, fro2, flags = _forward(
             p,
             a=cfg["a"],
@@ -443,10 +442,10 @@ class _GKAFunction(torch.autograd.Function):
     def backward(ctx, d_out, _d_aux, _d_fro):
         q, k, v, g, beta, x2, fro2 = ctx.saved_tensors
         cfg = ctx.cfg
-        # the backward's own chunk: the warp-group MMA forward's 64 is slower here (its Triton
-        # kernels run best at the default); padding to a multiple of 32 never exceeds the
-        # forward's padding to 64, so x and ||H||_F are cut to it
-        p = prepare(q, k, v, g, beta, cfg["a"], cfg.get("backward_chunk", cfg["chunk_size"]))
+        # the configured chunk, also after a warp-group MMA forward in chunks of 64 (the
+        # backward's Triton kernels run best at the default); padding to a multiple of it never
+        # exceeds the forward's padding, so x and ||H||_F are cut to it
+        p = prepare(q, k, v, g, beta, cfg["a"], cfg["chunk_size"])
         N, Tp = p.q.shape[0], p.q.shape[1]
         x2, fro2 = x2[:, :Tp].contiguous(), fro2[:, :Tp].contiguous()
         cot = _pad(

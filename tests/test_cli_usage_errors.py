@@ -32,3 +32,13 @@ def test_help_still_prints_the_usage(capsys):
     with pytest.raises(SystemExit) as exc:
         importlib.import_module("analysis.testing.harness").main(["--help"])
     assert exc.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, name", [(["--D", "0"], "--D"), (["--flips", "-1"], "--flips")])
+def test_contract_tightness_bad_values_are_one_line_and_exit_2(argv, name, capsys):
+    main = importlib.import_module("analysis.studies.contract_tightness").main
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2
+    assert len(err) == 1 and name in err[0], err

@@ -83,8 +83,7 @@ def forward_excess(x, *, a=0.05, iters=10, C=16, contract=None, kernel=None):
     contract = mod.resolve_contract(contract, x["q"].dtype)
     C_model = C
     if C is None:
-        cfg = {"contract": contract, "auto_chunk": True}
-        wg = mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg, x["v"]) == "wgmma"
+        wg = mod.solve_kernel_for(x["q"], x["g"], x["beta"], contract, x["v"]) == "wgmma"
         C_model = mod.wgmma.CHUNK if wg else mod.DEFAULT_CHUNK[contract]
     y, info = kernel(
         x["q"],
@@ -554,15 +553,17 @@ def solve_excess(x, *, a=0.02, iters=30, conclusive=None):
     return float((torch.linalg.vector_norm(xk - xr, dim=-1) / bx).max())
 
 
-def uses_wgmma(x):
-    cfg = {"contract": "bfloat16/operands", "auto_chunk": True}
-    return mod.solve_kernel_for(x["q"], x["g"], x["beta"], cfg) == "wgmma"
+def uses_wgmma(x, layer=False):
+    """Whether kernels.gka_solve (or, with ``layer``, kernels.gka_layer) on x runs the warp-group
+    MMA kernel."""
+    v = x["v"] if layer else None
+    return mod.solve_kernel_for(x["q"], x["g"], x["beta"], "bfloat16/operands", v) == "wgmma"
 
 
-def wgmma_case(seed, T=200):
-    x = make_case(seed, N=2, T=T, D=128, Dv=8, gates=False, dtype=torch.bfloat16)
-    if not uses_wgmma(x):
-        pytest.skip("the warp-group MMA solve needs a Hopper GPU and Gluon")
+def wgmma_case(seed, T=200, layer=False):
+    x = make_case(seed, N=2, T=T, D=128, Dv=128 if layer else 8, gates=False, dtype=torch.bfloat16)
+    if not uses_wgmma(x, layer):
+        pytest.skip("the warp-group MMA kernel needs a Hopper GPU, Gluon and Triton 3.6")
     return x
 
 
@@ -648,26 +649,18 @@ def test_gpu_wgmma_solve_backward_dq_within_bound():
     assert bool((err <= b).all())  # FWD on the cotangent solve
 
 
-def wgmma_layer_case(seed, T=200):
-    x = make_case(seed, N=2, T=T, D=128, Dv=128, gates=False, dtype=torch.bfloat16)
-    cfg = {"contract": "bfloat16/operands", "auto_chunk": True}
-    if mod.solve_kernel_for(x["q"], None, None, cfg, x["v"]) != "wgmma":
-        pytest.skip("the warp-group MMA layer forward needs a Hopper GPU and Gluon")
-    return x
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("setting", ["gka", "conclusive"])
 def test_gpu_wgmma_layer_within_bound(setting):
     # x and y of the layer forward on warp-group MMA within FWD (at a = 0.1, r = 8, where FWD is
     # below ||x|| on every token, and at GKA's setting, where it checks little)
     kw = CONCLUSIVE if setting == "conclusive" else dict(a=0.02, iters=30)
-    assert forward_excess(wgmma_layer_case(34), C=None, **kw) <= 1.0  # FWD
+    assert forward_excess(wgmma_case(34, layer=True), C=None, **kw) <= 1.0  # FWD
 
 
 @pytest.mark.gpu
 def test_gpu_wgmma_layer_broken_variants_fail(monkeypatch):
-    x = wgmma_layer_case(35)
+    x = wgmma_case(35, layer=True)
     assert forward_excess(x, C=None, **CONCLUSIVE) <= 1.0
     with monkeypatch.context() as m:
         m.setattr(mod, "_FRO_SQRT", False)

@@ -187,9 +187,7 @@ def flip_search(A, q, *, L, mu, iters: int, signs, sweeps: int, tries: int = 8):
     signs = signs.clone()
 
     def error(batch):  # (B, r+1, D) signs -> (B,) final errors
-        x, exact = _perturbed_run(
-            A, q, L=L, mu=mu, iters=iters, store=lambda y, j: y + batch[:, j] * _half_spacing(y)
-        )
+        x, exact = adversarial_storage_run(A, q, L=L, mu=mu, iters=iters, signs=batch)
         return torch.linalg.vector_norm(x - exact, dim=-1)
 
     best = error(signs[None])[0]
@@ -256,14 +254,19 @@ def adversarial_storage_run(A, q, *, L, mu, iters: int, v=None, signs=None, scal
     """Chebyshev on ``A x = q`` (one system, float64) in exact arithmetic but for the stores of the
     iterate, each off by ``scale`` times a full half spacing of bf16 (allowed by the rounding model
     of ``analysis.bounds.contract.store_error_bound`` for ``scale <= 1``), with the signs
-    ``signs[j]`` (``(r+1, D)``) or, given ``v`` (the eigenvector where the responses peak), signed
+    ``signs[..., j, :]`` (``(r+1, D)``, or ``(B, r+1, D)`` for B runs at once) or, given ``v`` (the eigenvector where the responses peak), signed
     along ``v`` with the sign of the response at mu of the final iterate to that step's error.
     Returns (the perturbed x_r, the exact x_r): a lower bound on the worst case that any rigorous
     bound under ``bfloat16/storage`` must cover."""
     if signs is None:
         signs = torch.sign(_responses(L, mu, iters, mu)).unsqueeze(-1) * torch.sign(v)
     return _perturbed_run(
-        A, q, L=L, mu=mu, iters=iters, store=lambda y, j: y + scale * signs[j] * _half_spacing(y)
+        A,
+        q,
+        L=L,
+        mu=mu,
+        iters=iters,
+        store=lambda y, j: y + scale * signs[..., j, :] * _half_spacing(y),
     )
 
 
