@@ -5,7 +5,11 @@ error reads the same everywhere: one line naming the argument, exit status 2."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+import sys
+from typing import Optional
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -55,4 +59,58 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
-__all__ = ["HelpFormatter", "OneLineParser", "non_negative_int", "plain", "positive_int"]
+def condition_number(text: str) -> float:
+    """A finite float >= 1 (a largest condition number); anything else is a usage error."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}") from None
+    if not math.isfinite(value) or value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 1, got {text!r}")
+    return value
+
+
+def device(text: str) -> str:
+    """A torch device string that exists here ("cpu", "cuda", "cuda:1", ...): a typo or a CUDA
+    device on a machine without one is a usage error, not a failure of the kernel."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected a torch device such as cpu or cuda, got {text!r}"
+        ) from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA device on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return text
+
+
+def interpret_without_gpu(device: Optional[str]) -> Optional[str]:
+    """Set TRITON_INTERPRET=1 when a command runs kernels on the CPU, before any kernel module
+    imports Triton; returns a warning when Triton was imported already (too late to take effect)."""
+    import torch
+
+    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
+    if not on_cpu or "TRITON_INTERPRET" in os.environ:
+        return None
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" in sys.modules:
+        return "warning: Triton was imported before TRITON_INTERPRET=1 could be set; a Triton kernel may not run"
+    return None
+
+
+__all__ = [
+    "HelpFormatter",
+    "OneLineParser",
+    "condition_number",
+    "device",
+    "interpret_without_gpu",
+    "non_negative_int",
+    "plain",
+    "positive_int",
+]

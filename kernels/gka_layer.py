@@ -35,14 +35,17 @@ solve kernel and read at the end of the call (True), by a ``kernels.DeferredChec
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
+from torch.autograd.function import once_differentiable
 
 from solvers import validation as check
-from solvers.gka import LayerInputs, validate_inputs
+from solvers.gka import LayerInputs, check_frobenius, validate_inputs
+from solvers.solve_info import Status, nonfinite_status, worst_status
 
 from . import _launch as launch
 from . import gka_layer_wgmma as wgmma
@@ -85,7 +88,10 @@ STATES_BLOCK_J = 32
 @dataclass
 class GKAKernelInfo:
     """What the kernel computed besides y: x ``(..., T, D)`` as stored, ``fro`` and ``lam``
-    ``(..., T)`` float64 copies of its float32 ``||H_t||_F`` (eq. (5)) and ``lambda_t``."""
+    ``(..., T)`` float64 copies of its float32 ``||H_t||_F`` (eq. (5)) and ``lambda_t``;
+    system_status ``(..., T)`` :class:`solvers.Status` codes per token (NONFINITE where x_t or y_t
+    overflowed from finite inputs, else COMPLETED), as ``solvers.gka.GKAInfo``. There are no
+    residual norms: they would need the H_t the kernel never forms."""
 
     x: torch.Tensor
     fro: torch.Tensor
@@ -93,6 +99,11 @@ class GKAKernelInfo:
     precision: str
     solver: str
     iters: int
+    system_status: torch.Tensor
+
+    @property
+    def status(self) -> Status:
+        return worst_status(self.system_status)
 
 
 def resolve_contract(contract, dtype: torch.dtype) -> str:
@@ -221,7 +232,10 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
             num_warps=4,
-            num_stages=3,  # the walk's loads pipelined (states_kernel's comment)
+            # the walk's loads pipelined (states_kernel's comment); with bf16 keys one stage more
+            # is 14% faster at GKA's size (benchmarks/results/gka-states-sweep-run13.log); float32
+            # keys keep 3, the depth measured with their shared memory
+            num_stages=4 if p.k.dtype == torch.bfloat16 else 3,
         )
     return H0, (U0 if with_u else None)
 
@@ -300,12 +314,7 @@ def _explain(q, k, v, g, beta, a, fro: torch.Tensor, out: torch.Tensor) -> None:
     checks of ``solvers.gka.validate_inputs`` (naming the argument), then H_t = 0; a result that
     overflowed from finite inputs is returned as the references return it."""
     validate_inputs(q, k, v if v is not None else q[..., :1], g, beta, a)
-    if fro.numel() and not bool((fro > 0).all()):
-        t = int((~(fro > 0)).nonzero()[0, -1]) + 1
-        raise ValueError(
-            f"H_t = 0 at token t = {t} (keys k / input gate beta vanish with no earlier state): "
-            "lambda_t = a ||H_t||_F = 0 and H_t + lambda_t I is singular"
-        )
+    check_frobenius(fro)
     launch.finite_result(
         out,
         **{
@@ -431,6 +440,7 @@ class _GKAFunction(torch.autograd.Function):
         _record_checks(checks, flags, p, fro2, y2 if layer else x2, q, k, v, g, beta, cfg["a"])
         launch.finish_checks(cfg["check_inputs"], checks)
         ctx.cfg = cfg
+        ctx.batch = tuple(p.batch)
         ctx.save_for_backward(q, k, v, g, beta, x2, fro2)
         out = _unpad(y2 if layer else x2, p)
         aux = _unpad(x2, p) if layer else x2.new_empty(0)
@@ -439,8 +449,11 @@ class _GKAFunction(torch.autograd.Function):
         return out, aux, fro
 
     @staticmethod
+    @once_differentiable  # the implicit backward is not itself differentiable
     def backward(ctx, d_out, _d_aux, _d_fro):
         q, k, v, g, beta, x2, fro2 = ctx.saved_tensors
+        if q.shape[-2] == 0 or 0 in ctx.batch:  # nothing computed: zero gradients
+            return (*(None if x is None else torch.zeros_like(x) for x in (q, k, v, g, beta)), None)
         cfg = ctx.cfg
         # the configured chunk, also after a warp-group MMA forward in chunks of 64 (the
         # backward's Triton kernels run best at the default); padding to a multiple of it never
@@ -473,6 +486,16 @@ class _GKAFunction(torch.autograd.Function):
         return (*grads, None)
 
 
+def _chunk_size(chunk_size) -> int:
+    """A chunk size of CHUNK_SIZES as a Python int (the kernels take it as a compile-time
+    constant: 16.0 or a numpy integer would fail deep inside)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise TypeError(f"chunk_size must be an int in {CHUNK_SIZES} or None, got {chunk_size!r}")
+    if int(chunk_size) not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES}, got {chunk_size!r}")
+    return int(chunk_size)
+
+
 def _config(a, iters, chunk_size, contract, dtype, x_dtype, check_inputs):
     contract = resolve_contract(contract, dtype)
     if not (isinstance(check_inputs, bool) or isinstance(check_inputs, launch.DeferredChecks)):
@@ -482,7 +505,7 @@ def _config(a, iters, chunk_size, contract, dtype, x_dtype, check_inputs):
     return {
         "a": check.ridge_strength(a),
         "iters": check.count("iters", iters),
-        "chunk_size": DEFAULT_CHUNK[contract] if chunk_size is None else chunk_size,
+        "chunk_size": DEFAULT_CHUNK[contract] if chunk_size is None else _chunk_size(chunk_size),
         "auto_chunk": chunk_size is None,
         "contract": contract,
         "x_dtype": x_dtype,
@@ -539,11 +562,12 @@ def gka_layer(
         None,
         check_inputs,
     )
-    cfg["x_dtype"] = q.dtype
+    cfg["x_dtype"] = q.dtype if isinstance(q, torch.Tensor) else None  # prepare() names a bad q
     y, x, fro = _GKAFunction.apply(q, k, v, g, beta, cfg)
     if not return_info:
         return y
     fro64 = fro.detach().to(torch.float64)
+    completed = torch.full(fro.shape, int(Status.COMPLETED), device=fro.device)
     return y, GKAKernelInfo(
         x=x.detach(),
         fro=fro64,
@@ -551,6 +575,7 @@ def gka_layer(
         precision=cfg["contract"],
         solver=solver,
         iters=cfg["iters"],
+        system_status=nonfinite_status(y.detach(), nonfinite_status(x.detach(), completed)),
     )
 
 

@@ -135,6 +135,38 @@ def rank1_update(
     return ar.store(prev + left.unsqueeze(-1) * right.unsqueeze(-2))
 
 
+def check_frobenius(fro: torch.Tensor, first_token: int = 1) -> None:
+    """Raise the layer's error for the first token whose ``||H_t||_F`` is 0 (then lambda_t = 0 and
+    ``H_t + lambda_t I`` is singular) or not finite (it overflowed from finite inputs).
+
+    fro: ``(..., n)`` the norms of tokens ``first_token, ..., first_token + n - 1`` (1-based)."""
+    if fro.numel() == 0:
+        return
+    over = ~torch.isfinite(fro)
+    zero = ~over & ~(fro > 0)
+    bad = (over | zero).reshape(-1, fro.shape[-1]).any(0)
+    if not bool(bad.any()):
+        return
+    i = int(bad.nonzero()[0, 0])
+    t = first_token + i
+    if bool(over[..., i].any()):
+        raise ValueError(
+            f"||H_t||_F is not finite at token t = {t}: it overflows {str(fro.dtype)[6:]} "
+            "(||H_t||_F grows like sum_t beta_t ||k_t||^2: the keys k or input gates beta are too "
+            "large; rescale them)"
+        )
+    raise ValueError(
+        f"H_t = 0 at token t = {t} (keys k / input gate beta vanish with no earlier state): "
+        "lambda_t = a ||H_t||_F = 0 and H_t + lambda_t I is singular"
+    )
+
+
+def _connected_zeros(shape, ar: Arith, inp: LayerInputs) -> torch.Tensor:
+    """Zeros of ``shape`` that depend on every input (their gradients are zeros, not missing)."""
+    zero = sum(x.sum() for x in (inp.q, inp.k, inp.v, inp.g, inp.beta) if x is not None) * 0
+    return ar.store(zero.to(ar.dtype)).expand(shape).clone()
+
+
 @dataclass
 class _Trace:
     y: torch.Tensor
@@ -171,11 +203,7 @@ def run_layer(
         H = rank1_update(ar, H, g_t, bk, kt)
         U = rank1_update(ar, U, g_t, bv, kt)
         fro = ar.norm(H.flatten(-2))
-        if fro.numel() and not bool((fro > 0).all()):
-            raise ValueError(
-                f"H_t = 0 at token t = {t + 1} (keys k / input gate beta vanish with no earlier state): "
-                "lambda_t = a ||H_t||_F = 0 and H_t + lambda_t I is singular"
-            )
+        check_frobenius(fro.unsqueeze(-1), first_token=t + 1)
         lam = a * fro
         A = ar.store(ar.up(H) + lam[..., None, None] * eye)
         broke = torch.zeros(B, dtype=torch.bool, device=q.device)
@@ -192,10 +220,11 @@ def run_layer(
             )
         else:
             x = cg(A, q[..., t, :], iters=iters, bf16_mode=ar.mode)
+        y = ar.store(ar.matvec(U, x))
         status = torch.full(B, int(Status.COMPLETED), device=q.device)
-        status = nonfinite_status(x, status)
+        status = nonfinite_status(y, nonfinite_status(x, status))  # y overflows on its own
         status = torch.where(broke, torch.full_like(status, Status.BREAKDOWN), status)
-        ys.append(ar.store(ar.matvec(U, x)))
+        ys.append(y)
         xs.append(x)
         fros.append(fro)
         lams.append(lam)
@@ -211,7 +240,8 @@ def run_layer(
         )
 
     return _Trace(
-        y=stack(ys, (*B, 0, Dv), ar.dtype, -2),
+        # T = 0: an empty y that is still a function of the inputs, so that a backward runs
+        y=stack(ys, (*B, 0, Dv), ar.dtype, -2) if ys else _connected_zeros((*B, 0, Dv), ar, inp),
         x=stack(xs, (*B, 0, D), ar.dtype, -2),
         fro=stack(fros, (*B, 0), ar.compute, -1),
         lam=stack(lams, (*B, 0), ar.compute, -1),
@@ -226,10 +256,10 @@ def gka_layer(
     q,
     k,
     v,
-    *,
-    a: float,
     g=None,
     beta=None,
+    *,
+    a: float,
     solver: str = "exact",
     iters: Optional[int] = None,
     bf16_mode: str = "storage",

@@ -189,6 +189,12 @@ def test_file_path_spec(user_dir, tmp_path, capsys, monkeypatch):
             "argument --max-examples",
         ),
         (["user_kernels_ck:cheb"], "--like"),
+        (
+            ["user_kernels_ck:cheb", "--like", "mylib.whatever:chebyshev"],
+            "argument --like: unknown reference 'mylib.whatever:chebyshev'",
+        ),
+        (["user_kernels_ck:cheb", "--like", "cg", "--max-kappa", "0.5"], "argument --max-kappa"),
+        (["user_kernels_ck:cheb", "--like", "cg", "--device", "gpu0"], "argument --device"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_argument(user_dir, capsys, argv, argument):

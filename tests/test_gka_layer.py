@@ -147,6 +147,33 @@ def test_empty_and_zero_length():
     assert y.shape == (2, 0, 2) and info.x.shape == (2, 0, 3) and info.status == Status.COMPLETED
 
 
+def test_zero_length_backward_and_positional_gates():
+    # T = 0: y is empty but still a function of the inputs, so a backward gives zero gradients
+    q = torch.zeros(2, 0, 3, dtype=torch.float64, requires_grad=True)
+    gka_layer(q, q, torch.zeros(2, 0, 2, dtype=torch.float64), a=0.1).sum().backward()
+    assert q.grad is not None and q.grad.shape == q.shape
+    # g and beta may be passed by position, as kernels.gka_layer takes them
+    case = gka_case(T=4, D=3, Dv=2, seed=8)
+    kw = dict(a=0.1, solver="chebyshev", iters=3)
+    assert torch.equal(
+        gka_layer(case.q, case.k, case.v, case.g, case.beta, **kw),
+        gka_layer(case.q, case.k, case.v, g=case.g, beta=case.beta, **kw),
+    )
+
+
+def test_overflowed_frobenius_norm_and_nonfinite_y_are_reported():
+    case = gka_case(T=4, D=3, Dv=2, seed=9)
+    # ||H_t||_F overflows float64 from finite keys: one error naming k and beta, for every solver
+    for solver, iters in (("exact", None), ("chebyshev", 3), ("cg", 3)):
+        with pytest.raises(ValueError, match="not finite at token t = 1: it overflows float64"):
+            gka_layer(case.q, case.k * 1e160, case.v, a=0.1, solver=solver, iters=iters)
+    # y overflows on its own (finite x): NONFINITE, never COMPLETED
+    big_q = case.q * (1e300 / case.q.abs().max())  # x_t ~ 1e300 and U_t ~ 1e12: y_t overflows
+    y, info = gka_layer(big_q, case.k, case.v * 1e12, a=0.1, return_info=True)
+    assert not torch.isfinite(y).all() and torch.isfinite(info.x).all()
+    assert info.status == Status.NONFINITE
+
+
 def test_info_and_iters_zero():
     case = gka_case(T=4, D=3, Dv=2, seed=6)
     y, info = gka_layer(case.q, case.k, case.v, a=0.1, g=case.g, beta=case.beta, return_info=True)

@@ -11,6 +11,7 @@ dq and dv have none (Lemma 2; y is linear in v at fixed x), dk, dg, dbeta do.
 import importlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -32,6 +33,7 @@ from analysis.testing.gka_gradient_harness import (
     per_token,
     truncation_gap,
 )
+from solvers import Status
 
 pytestmark = needs_triton_device
 mod = importlib.import_module("kernels.gka_layer")  # the module (kernels.gka_layer is the function)
@@ -451,6 +453,32 @@ def test_bad_inputs_name_the_argument():
     z = torch.zeros_like(x["k"])
     with pytest.raises(ValueError, match="H_t = 0"):
         kernels.gka_layer(x["q"], z, x["v"], a=0.1, iters=3)
+    # a chunk size of the right value but not a Python int, a q that is not a tensor
+    for chunk in (16.0, True):
+        with pytest.raises(TypeError, match="chunk_size must be an int"):
+            kernels.gka_layer(x["q"], x["k"], x["v"], a=0.1, iters=3, chunk_size=chunk)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        kernels.gka_layer(x["q"].tolist(), x["k"], x["v"], a=0.1, iters=3)
+    # ||H_t||_F overflows float32 from finite keys: the reference's error, not "H_t = 0"
+    with pytest.raises(ValueError, match="not finite at token t = 1: it overflows float32"):
+        kernels.gka_layer(x["q"], x["k"] * 1e25, x["v"], a=0.1, iters=3)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_status_empty_backward_and_numpy_chunk():
+    x = make_case(15, gates=True)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    y, info = kernels.gka_layer(*args, a=0.1, iters=3, chunk_size=np.int64(16), return_info=True)
+    assert info.status == Status.COMPLETED and info.system_status.shape == y.shape[:-1]
+    # y overflows from finite inputs: returned as the reference returns it, status NONFINITE
+    big = (x["q"], x["k"], x["v"] * (1e38 / x["v"].abs().max()), x["g"], x["beta"])
+    y, info = kernels.gka_layer(*big, a=0.1, iters=3, return_info=True)
+    assert not torch.isfinite(y).all() and info.status == Status.NONFINITE
+    # an empty batch or T = 0: zero gradients of the inputs' shapes
+    for cut in (lambda t: t[:0], lambda t: t[..., :0, :]):
+        q = cut(x["q"]).clone().requires_grad_()
+        kernels.gka_layer(q, cut(x["k"]), cut(x["v"]), a=0.1, iters=3).sum().backward()
+        assert q.grad.shape == q.shape and not q.grad.any()
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

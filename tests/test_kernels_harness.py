@@ -11,10 +11,13 @@ pytestmark = needs_triton_device
 
 
 def test_poisoned_empty_is_nan_and_restored():
-    real = torch.empty
+    real = (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty)
+    like = torch.zeros(3)
     with harness.nan_poisoned_empty():
         assert torch.isnan(torch.empty(3)).all() and (torch.empty(2, dtype=torch.int8) == -1).all()
-    assert torch.empty is real
+        assert torch.isnan(torch.empty_like(like)).all() and torch.isnan(like.new_empty(2)).all()
+        assert torch.isnan(torch.empty_strided((2, 2), (2, 1))).all()
+    assert (torch.empty, torch.empty_like, torch.empty_strided, torch.Tensor.new_empty) == real
 
 
 def doubled(H, q, **kw):
@@ -230,6 +233,96 @@ def test_crash_and_wrong_shape_are_findings_with_their_case():
         assert (
             rep.verdict == harness.FAIL and needle in str(rep) and "case = spd_case(" in str(rep)
         ), str(rep)
+
+
+def writes_its_input(H, q, **kw):
+    """Right answer, then the right-hand side zeroed: the reference must not see it."""
+    x = solvers.chebyshev(H, q, **kw)
+    q.zero_()
+    return x
+
+
+def returns_integers(H, q, **kw):
+    return solvers.chebyshev(H, q, **kw).round().to(torch.int64)
+
+
+def leaves_a_column_unwritten(H, q, **kw):
+    x = solvers.chebyshev(H, q, **kw)
+    out = torch.empty_like(x)  # poisoned with NaN by the harness
+    out[..., 1:] = x[..., 1:]
+    return out
+
+
+def test_modified_inputs_wrong_dtypes_and_unwritten_outputs_are_findings():
+    for fn, needle in (
+        (writes_its_input, "kernel modified its input 'q' in place"),
+        (returns_integers, "output 'x': kernel gave dtype int64"),
+        (leaves_a_column_unwritten, "error nan"),
+    ):
+        for precision in ("float32", "bfloat16"):
+            rep = harness.check(
+                fn,
+                solvers.chebyshev,
+                "spd",  # strategies by name, as the pytest plugin takes them
+                precision=precision,
+                examples=3,
+                device="cpu",
+                shrink=False,
+                seed=1,
+            )
+            assert rep.verdict == harness.FAIL and needle in str(rep), str(rep)
+            assert "case = spd_case(" in str(rep)
+    # the case can be run again by hand with the same names
+    case = harness.spd_case(3, (1,), 10.0, iters=4, seed=0, precision=torch.float32)
+    found = harness.run_case(
+        writes_its_input,
+        solvers.chebyshev,
+        "spd",
+        case,
+        precision="float32",
+        model="float32",
+        device="cpu",
+    )
+    assert "modified its input 'q'" in found[0].crash
+
+
+def test_bad_strategy_options_are_the_callers_error():
+    for build, kw, needle in (
+        (harness.spd, dict(max_d=0), "max_d must be an integer >= 1"),
+        (harness.spd, dict(max_batch=-3), "max_batch"),
+        (harness.spd, dict(max_kappa=0.5), "max_kappa must be a finite number >= 1"),
+        (harness.spd, dict(precision=torch.float16), "precision must be one of"),
+        (harness.spd_backward, dict(max_kappa=float("nan")), "max_kappa"),
+        (harness.gka_ridge, dict(min_a=-1.0), "min_a must be a finite number > 0"),
+        (harness.kla, dict(max_T=0), "max_T"),
+    ):
+        with pytest.raises(ValueError, match=needle):
+            build(**kw)
+    with pytest.raises(TypeError, match="max_t"):  # a misspelt option is not ignored
+        harness.kla(max_t=3)
+    with pytest.raises(TypeError, match="seed must be an int"):
+        harness.check(solvers.chebyshev, solvers.chebyshev, "spd", seed="abc", device="cpu")
+    with pytest.raises(ValueError, match="strategy must be"):
+        harness.check(solvers.chebyshev, solvers.chebyshev, "spdd", device="cpu")
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--max-kappa", "0"], "argument --max-kappa"),
+        (["--max-kappa", "nan"], "argument --max-kappa"),
+        (["--device", "cudaa"], "argument --device"),
+        (["--model", "bogus"], "argument --model: unknown contract"),
+    ],
+)
+def test_cli_bad_values_name_the_option(extra, needle, capsys):
+    argv = ["kernels.emulate:chebyshev", "solvers:chebyshev", "--strategy", "spd"] + extra
+    try:
+        code = harness.main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
 
 
 def test_snippet_rebuilds_the_case_exactly():

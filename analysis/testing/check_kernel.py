@@ -42,7 +42,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..argtypes import HelpFormatter, plain, positive_int
+from ..argtypes import HelpFormatter, condition_number, interpret_without_gpu, plain, positive_int
+from ..argtypes import device as device_arg
 
 FORMAT = "svt-check-kernel/1"
 PASS, FAIL, INCONCLUSIVE = "PASS", "FAIL", "INCONCLUSIVE"
@@ -128,8 +129,8 @@ class UsageError(ValueError):
 def like_name(text: str) -> str:
     """``solvers.chebyshev``, ``solvers:chebyshev``, ``kernels.chebyshev`` or ``chebyshev``
     -> the key of :data:`LIKE`; UsageError naming ``--like`` otherwise."""
-    name = text.replace(":", ".").rsplit(".", 1)[-1]
-    if name not in LIKE:
+    prefix, _, name = text.replace(":", ".").rpartition(".")
+    if name not in LIKE or prefix not in ("", "solvers", "kernels"):
         raise UsageError(
             "--like",
             f"unknown reference {text!r}; expected one of {', '.join(LIKE)} "
@@ -552,7 +553,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-kappa",
-        type=float,
+        type=condition_number,
         default=None,
         metavar="K",
         help="largest condition number (SPD strategies; default: the strategy's, 100)",
@@ -568,7 +569,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(e.g. analysis.testing.harness:kla_prepare)",
     )
     p.add_argument(
-        "--device", default=None, help="where to run (default: cuda if available, else cpu)"
+        "--device",
+        type=device_arg,
+        default=None,
+        help="where to run (default: cuda if available, else cpu)",
     )
     p.add_argument(
         "--no-shrink", action="store_true", help="report the first failing case as drawn (faster)"
@@ -586,20 +590,6 @@ def _writable(path: str) -> None:
         raise UsageError(
             "--out", f"cannot write {path!r}: its folder does not exist or is not writable"
         )
-
-
-def interpret_without_gpu(device: Optional[str]) -> Optional[str]:
-    """Set TRITON_INTERPRET=1 when the run is on the CPU, before any kernel module imports
-    Triton; returns a warning when Triton was imported already (too late to take effect)."""
-    import torch
-
-    on_cpu = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu")
-    if not on_cpu or "TRITON_INTERPRET" in os.environ:
-        return None
-    os.environ["TRITON_INTERPRET"] = "1"
-    if "triton" in sys.modules:
-        return "warning: Triton was imported before TRITON_INTERPRET=1 could be set; a Triton kernel may not run"
-    return None
 
 
 def run(args, prog: str = "svt check-kernel") -> int:

@@ -59,6 +59,7 @@ import argparse
 import contextlib
 import importlib
 import math
+import numbers
 import os
 import sys
 import time
@@ -71,7 +72,15 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
 
-from analysis.argtypes import HelpFormatter, OneLineParser, plain, positive_int
+from analysis.argtypes import (
+    HelpFormatter,
+    OneLineParser,
+    condition_number,
+    interpret_without_gpu,
+    plain,
+    positive_int,
+)
+from analysis.argtypes import device as device_arg
 from analysis.bounds.contract import arith_of, as_contract, cg_bound, fro_error, linear_bound
 from analysis.precision import rounding_allowance
 from analysis.testing.strategies.reproducible import pin_local_constants
@@ -94,23 +103,34 @@ USAGE_ERROR = 2
 
 @contextlib.contextmanager
 def nan_poisoned_empty():
-    """Within the block, ``torch.empty`` returns floating buffers full of NaN (integers: -1),
-    so an output element a kernel forgot to write fails every comparison."""
-    real = torch.empty
+    """Within the block, ``torch.empty``, ``torch.empty_like``, ``torch.empty_strided`` and
+    ``Tensor.new_empty`` return floating buffers full of NaN (integers: -1), so an output element
+    a kernel forgot to write fails every comparison."""
+    real = {
+        (torch, "empty"): torch.empty,
+        (torch, "empty_like"): torch.empty_like,
+        (torch, "empty_strided"): torch.empty_strided,
+        (torch.Tensor, "new_empty"): torch.Tensor.new_empty,
+    }
 
-    def poisoned(*args, **kwargs):
-        t = real(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        elif t.dtype != torch.bool:
-            t.fill_(-1)
-        return t
+    def poisoning(alloc):
+        def poisoned(*args, **kwargs):
+            t = alloc(*args, **kwargs)
+            if t.is_floating_point() or t.is_complex():
+                t.fill_(float("nan"))
+            elif t.dtype != torch.bool:
+                t.fill_(-1)
+            return t
 
-    torch.empty = poisoned
+        return poisoned
+
+    for (owner, name), alloc in real.items():
+        setattr(owner, name, poisoning(alloc))
     try:
         yield
     finally:
-        torch.empty = real
+        for (owner, name), alloc in real.items():
+            setattr(owner, name, alloc)
 
 
 # ---------------------------------------------------------------------------------------
@@ -385,6 +405,25 @@ def _cg_scales(case, rounded, contract):
     )
 
 
+def _strategy_options(
+    *, positive=(), non_negative=(), at_least_one=(), positive_floats=(), precision=None
+):
+    """Check a strategy factory's options up front (a bad option is the caller's error, named
+    here, never a FAIL of the kernel): each group is ``(name, value)`` pairs."""
+    for name, v, lo in [(n, v, 1) for n, v in positive] + [(n, v, 0) for n, v in non_negative]:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    for name, v, strict, lo in [(n, v, False, 1.0) for n, v in at_least_one] + [
+        (n, v, True, 0.0) for n, v in positive_floats
+    ]:
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (v <= lo if strict else v < lo):
+            sign = ">" if strict else ">="
+            raise ValueError(f"{name} must be a finite number {sign} {lo:g}, got {v!r}")
+    if precision is not None:
+        input_dtype(precision)
+
+
 def spd(
     max_d: int = 16,
     max_batch: int = 4,
@@ -407,6 +446,13 @@ def spd(
     pad); ``unit_q``: unit-norm right-hand sides; ``min_lambda``: only spectra with
     ``lambda_min >= min_lambda``; ``method``: "chebyshev" / "gd" / "agd" (default: read off the
     reference's name)."""
+    _strategy_options(
+        positive=(("max_d", max_d), ("max_batch", max_batch)),
+        non_negative=(("max_iters", max_iters),),
+        at_least_one=(("max_kappa", max_kappa),),
+        positive_floats=() if min_lambda is None else (("min_lambda", min_lambda),),
+        precision=precision,
+    )
     cases = _spd_case(
         max_d=max_d,
         max_batch=max_batch,
@@ -558,12 +604,17 @@ def gka_ridge(
     *,
     pow2: bool = False,
     unit_q: bool = True,
-    **_unused,
 ) -> Strategy:
     """GKA's ridge form (eq. (4)): ``f(H, q, *, a, iters)`` solves ``(H + a ||H||_F I) x = q`` by
     Algorithm 1 with ``L = ||H||_F (1 + a)``, ``mu = a ||H||_F`` (kappa <= (1 + a)/a: 51 at
     a = 0.02); ``min_a``: the smallest ridge strength drawn (lambda >= min_a ||H||_F);
     reference :func:`gka_ridge_reference`, kernel e.g. ``kernels.chebyshev_adaptive``."""
+    _strategy_options(
+        positive=(("max_d", max_d), ("max_batch", max_batch)),
+        non_negative=(("max_iters", max_iters),),
+        positive_floats=(("min_a", min_a),),
+        precision=precision,
+    )
     cases = _gka_ridge_case(
         max_d=max_d,
         max_batch=max_batch,
@@ -702,6 +753,12 @@ def spd_backward(
     """SPD systems with a cotangent, for backward passes ``f(H, q, grad_x, *, L, mu, iters,
     method) -> (dq, dH)``. Reverse methods: kappa >= 10 (GKA Remark 2's regime); "reverse"
     keeps r <= 3 (its weights come through an unstable recurrence, :func:`nu_growth`)."""
+    _strategy_options(
+        positive=(("max_d", max_d), ("max_batch", max_batch)),
+        non_negative=(("max_iters", max_iters),),
+        at_least_one=(("max_kappa", max_kappa),),
+        precision=precision,
+    )
     cases = _spd_case(
         max_d=max_d,
         max_batch=max_batch,
@@ -876,11 +933,15 @@ def kla(
     per_channel: bool = False,
     precision: torch.dtype = torch.bfloat16,
     device="cpu",
-    **_unused,
 ) -> Strategy:
     """KLA sequences (analysis.testing.strategies.kla_case) in fla's layout ``(B, T, H, d)``, for
     ``f(q, k, v, *, alpha, eta, eps, chunk_size[, normalize_queries]) -> (o, S_T)``
     (solvers.kla_chunkwise, solvers.kla_recurrent, a KLA kernel); zero initial state."""
+    _strategy_options(
+        positive=(("max_T", max_T), ("max_heads", max_heads), ("max_batch", max_batch))
+        + tuple((f"dims[{i}]", d) for i, d in enumerate(dims)),
+        precision=precision,
+    )
     cases = _kla_case(
         max_T=max_T,
         dims=tuple(dims),
@@ -1059,19 +1120,33 @@ def run_case(
     ``outputs``: a list that receives the kernel's outputs, for a caller that measures more than
     the bound without running the kernel twice."""
     contract = as_contract(model)
+    precision = input_dtype(precision)
+    device = torch.device(device)
+    strategy = as_strategy(strategy, precision, device)
     case.meta.setdefault("reference", _name(reference))
     rounded_in = {k: v.to(precision).to(device) for k, v in case.inputs.items()}
     opts = {k: _to(v, device) for k, v in case.options.items()}
     if prepare is not None:
         rounded_in, opts = prepare(rounded_in, opts, precision)
         rounded_in = {k: v.to(precision) for k, v in rounded_in.items()}
-    ref_in = {k: v.to(torch.float32) for k, v in rounded_in.items()}
+    # the reference (and the bound) get copies made before the kernel ran, so a kernel that
+    # writes into its inputs is caught here, not blamed on the damaged reference
+    ref_in = {k: v.to(torch.float32, copy=True) for k, v in rounded_in.items()}
+    saved = {k: v.clone() for k, v in rounded_in.items()}
+    saved_opts = {k: v.clone() for k, v in opts.items() if isinstance(v, torch.Tensor)}
     try:
         k_out = _tuple(kernel(*rounded_in.values(), **opts))
         if outputs is not None:
             outputs.extend(k_out)
     except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding
         return _crash(case, strategy, f"kernel raised {type(e).__name__}: {e}")
+    changed = [k for k, v in saved.items() if not _same(v, rounded_in[k])]
+    changed += [k for k, v in saved_opts.items() if not _same(v, opts[k])]
+    if changed:
+        return _crash(
+            case, strategy, f"kernel modified its input {', '.join(map(repr, changed))} in place"
+        )
+    rounded_in, opts = saved, {**opts, **saved_opts}
     try:
         r_out = _tuple(reference(*ref_in.values(), **opts))
     except Exception as e:  # noqa: BLE001 - reported with the case, like a kernel crash
@@ -1088,6 +1163,13 @@ def run_case(
             got = tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
             return _crash(
                 case, strategy, f"output {name!r}: kernel gave {got}, reference {tuple(r.shape)}"
+            )
+        if k.dtype not in OUTPUT_DTYPES:
+            return _crash(
+                case,
+                strategy,
+                f"output {name!r}: kernel gave dtype {str(k.dtype)[6:]}, expected one of "
+                f"{', '.join(str(d)[6:] for d in OUTPUT_DTYPES)}",
             )
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
@@ -1133,6 +1215,40 @@ def run_case(
             f.snippet = case.snippet()
         findings.append(f)
     return findings
+
+
+OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bounds model
+
+
+def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Bitwise the same values (NaN where NaN was)."""
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    eq = before == after
+    if before.is_floating_point():
+        eq = eq | (torch.isnan(before) & torch.isnan(after))
+    return bool(eq.all())
+
+
+def input_dtype(precision) -> torch.dtype:
+    """A kernel input dtype from its name in PRECISIONS or the dtype itself; ValueError else."""
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return PRECISIONS[precision]
+    if isinstance(precision, torch.dtype) and precision in PRECISIONS.values():
+        return precision
+    raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+
+
+def as_strategy(strategy, precision: torch.dtype, device) -> Strategy:
+    """A :class:`Strategy`, or one of STRATEGIES by name built for ``precision`` and ``device``."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    if isinstance(strategy, str) and strategy in STRATEGIES:
+        return STRATEGIES[strategy](precision=precision, device=device)
+    raise ValueError(
+        f"strategy must be an analysis.testing.harness.Strategy or one of {sorted(STRATEGIES)}, "
+        f"got {strategy!r}"
+    )
 
 
 def _measured_size(case: Case, exact: dict, idx: int, err: torch.Tensor) -> torch.Tensor:
@@ -1200,9 +1316,12 @@ def check(
     ``progress``: a line on stderr every few seconds.
     """
     pin_local_constants()  # the cases depend on strategy and seed only (analysis.testing.strategies.reproducible)
-    dtype = PRECISIONS[precision] if isinstance(precision, str) else precision
+    dtype = input_dtype(precision)
     contract = as_contract(model)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise TypeError(f"seed must be an int or None, got {seed!r}")
+    strategy = as_strategy(strategy, dtype, device)
     rep = Report(
         _name(kernel),
         _name(reference),
@@ -1382,7 +1501,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--max-kappa",
-        type=float,
+        type=condition_number,
         default=None,
         help="spd strategies: largest condition number (default: the strategy's, 100)",
     )
@@ -1396,7 +1515,11 @@ def _parser() -> argparse.ArgumentParser:
         "analysis.testing.harness:kla_prepare; default: none)",
     )
     ap.add_argument(
-        "--device", default=None, help="where to run (default: cuda if available, else cpu)"
+        "--device",
+        type=device_arg,
+        default=None,
+        help="where to run (default: cuda if available, else cpu; on the cpu Triton kernels run "
+        "through Triton's interpreter, TRITON_INTERPRET=1)",
     )
     ap.add_argument(
         "--no-shrink", action="store_true", help="report the first failing case as drawn, unshrunk"
@@ -1407,13 +1530,23 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    try:
-        contract = as_contract(args.model)
-        kernel, reference = load(args.kernel), load(args.reference)
-        prepare = load(args.prepare) if args.prepare else None
-    except (UsageError, ValueError, TypeError) as e:
-        print(f"{ap.prog}: error: {e}", file=sys.stderr)
-        return USAGE_ERROR
+    warning = interpret_without_gpu(args.device)  # before the kernel's module imports Triton
+    if warning:
+        print(warning, file=sys.stderr)
+    steps = (
+        ("--model", lambda: as_contract(args.model)),
+        ("KERNEL", lambda: load(args.kernel)),
+        ("REFERENCE", lambda: load(args.reference)),
+        ("--prepare", lambda: load(args.prepare) if args.prepare else None),
+    )
+    got = []
+    for option, step in steps:
+        try:
+            got.append(step())
+        except (UsageError, ValueError, TypeError) as e:
+            print(f"{ap.prog}: error: argument {option}: {e}", file=sys.stderr)
+            return USAGE_ERROR
+    contract, kernel, reference, prepare = got
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
     if args.pow2 and args.strategy != "kla":
