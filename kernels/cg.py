@@ -118,11 +118,18 @@ def cg(
 
     Returns x (or ``(x, info)`` with the Status per system: COMPLETED, CONVERGED,
     MAX_ITERS_REACHED, BREAKDOWN, NONFINITE). Differences from the reference and the extra
-    options: as ``kernels.chebyshev``.
+    options: as ``kernels.chebyshev``; ``info.alphas`` and ``info.betas`` are None (the kernel keeps
+    them in registers; ``solvers.cg`` records them). As the reference, the systems are solved for
+    q scaled by a power of two near ``1 / max|q|`` (one for the batch; exact), so that ``||q||^2``
+    neither overflows nor underflows in float32.
     """
     iters = check.count("iters", iters)
     rtol = check.tolerance("rtol", rtol, allow_none=True)
     atol = check.tolerance("atol", atol)
+    if callback is not None and not callable(callback):
+        raise TypeError(
+            f"callback must be callable (called as callback(xk)) or None, got {type(callback).__name__}"
+        )
     if callback is not None:
         raise ValueError(
             "callback: kernels.cg runs every iteration inside one launch and cannot call back; use "
@@ -139,19 +146,25 @@ def cg(
     x = launch.empty_out((N, D), odt, q2.device)
     flags = launch.empty_out((N,), torch.int8, q2.device)
     xs = launch.empty_out((iters + 1, N, D) if return_info else (1, 1, 1), odt, q2.device)
+    if N and not D:  # no kernel runs: r = 0 from the start, converged as the reference's
+        flags.fill_(1)
+    scale = _batch_scale(q2)  # CG is homogeneous in (q, x): solve for scale q, exactly
+    q_in = q2 * scale
+    x0_in = None if x02 is None else x02 * scale
+    atol_in = float(atol * scale) if atol > 0 else 0.0  # the residual scales with q
     if N and D:
         for s, n in launch.launches(N):
             cg_kernel[(n,)](
                 H2[s:],
-                q2[s:],
-                q2[s:] if x02 is None else x02[s:],
+                q_in[s:],
+                q_in[s:] if x0_in is None else x0_in[s:],
                 x[s:],
                 flags[s:],
                 xs[:, s:] if return_info else xs,
                 N * D,
                 iters,
                 float(rtol or 0.0),
-                float(atol),
+                atol_in,
                 D=D,
                 BLOCK_D=launch.block(D),
                 MODE=mode,
@@ -161,6 +174,9 @@ def cg(
                 HAS_X0=x02 is not None,
                 num_warps=launch.num_warps(D),
             )
+    x = (x / scale).to(odt)
+    if return_info:
+        xs = (xs / scale).to(odt)
     launch.finite_result(x, H=H, q=q, **({} if x0 is None else {"x0": x0}))
     x = x.reshape(*batch, D)
     if not return_info:
@@ -174,6 +190,17 @@ def cg(
     return x, launch.info(
         H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), status=status
     )
+
+
+def _batch_scale(q2: torch.Tensor) -> torch.Tensor:
+    """A 0-d power of two near ``1 / max|q|`` over the batch (1 for q = 0), in q's dtype, clamped
+    to [2^-126, 2^126] so that it and its inverse are normal in bf16 and float32 (no host sync)."""
+    m = q2.abs().amax() if q2.numel() else torch.zeros((), dtype=q2.dtype, device=q2.device)
+    m = m.to(torch.float32)
+    ok = torch.isfinite(m) & (m > 0)
+    _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
+    e = torch.where(ok, e, torch.ones_like(e)) - 1
+    return torch.ldexp(torch.ones_like(m), (-e).clamp(-126, 126).to(m.dtype)).to(q2.dtype)
 
 
 def _initial_guess(x0, H, batch, D: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ import triton
 from torch.autograd.function import once_differentiable
 
 from solvers import validation as check
-from solvers.gka import LayerInputs, check_frobenius, validate_inputs
+from solvers.gka import LayerInputs, check_frobenius, check_ridge_in, validate_inputs
 from solvers.solve_info import Status, nonfinite_status, worst_status
 
 from . import _launch as launch
@@ -232,10 +232,11 @@ def chunk_states(p: _Prepared, state_dtype: torch.dtype, prec: str, with_u: bool
             HAS_U=with_u,
             PREC=PRECISIONS[prec],
             num_warps=4,
-            # the walk's loads pipelined (states_kernel's comment); with bf16 keys one stage more
-            # is 14% faster at GKA's size (benchmarks/results/gka-states-sweep-run13.log); float32
-            # keys keep 3, the depth measured with their shared memory
-            num_stages=4 if p.k.dtype == torch.bfloat16 else 3,
+            # the walk's loads pipelined (states_kernel's comment); for the solve stage's walk
+            # (bf16 keys and states, H alone) one stage more is 12-14% faster at GKA's size
+            # (runs 13-14, docs/validation.md); with U, or float32 states (the backward), it was
+            # as fast or slower, so those keep 3
+            num_stages=4 if p.k.dtype == state_dtype == torch.bfloat16 and not with_u else 3,
         )
     return H0, (U0 if with_u else None)
 
@@ -496,6 +497,13 @@ def _chunk_size(chunk_size) -> int:
     return int(chunk_size)
 
 
+def _ridge_in_float32(a) -> float:
+    """a checked as the reference checks it, in the kernels' float32 arithmetic."""
+    a = check.ridge_strength(a)
+    check_ridge_in(a, torch.float32)
+    return a
+
+
 def _config(a, iters, chunk_size, contract, dtype, x_dtype, check_inputs):
     contract = resolve_contract(contract, dtype)
     if not (isinstance(check_inputs, bool) or isinstance(check_inputs, launch.DeferredChecks)):
@@ -503,7 +511,7 @@ def _config(a, iters, chunk_size, contract, dtype, x_dtype, check_inputs):
             f"check_inputs must be True, False or a kernels.DeferredChecks, got {type(check_inputs).__name__}"
         )
     return {
-        "a": check.ridge_strength(a),
+        "a": _ridge_in_float32(a),
         "iters": check.count("iters", iters),
         "chunk_size": DEFAULT_CHUNK[contract] if chunk_size is None else _chunk_size(chunk_size),
         "auto_chunk": chunk_size is None,

@@ -532,6 +532,17 @@ def _stats(stats) -> KoopmanStatistics:
             f"stats must hold G, M (*batch, r, r) and Cv (*batch, P, r), got {tuple(stats.G.shape)}, "
             f"{tuple(stats.M.shape)}, {tuple(stats.Cv.shape)}"
         )
+    for name in ("M", "Cv"):  # the kernel reads one per system of G: broadcast as the reference
+        x = getattr(stats, name)
+        try:
+            ok = torch.broadcast_shapes(x.shape[:-2], stats.G.shape[:-2]) == stats.G.shape[:-2]
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"stats.{name} has batch shape {tuple(x.shape[:-2])}, which does not broadcast to "
+                f"stats.G's {tuple(stats.G.shape[:-2])}"
+            )
     if r > MAX_R:
         raise ValueError(
             f"the kernel keeps r x r matrices on chip and supports r <= {MAX_R}, got r = {r}"
@@ -638,7 +649,7 @@ def koopman_readout(
     power_iters = check.count("power_iters", power_iters)
     if sigma != "power":
         raise ValueError(
-            "kernels.koopman_readout supports sigma='power' only (eq. (12)); "
+            f"kernels.koopman_readout supports sigma='power' only (eq. (12)), got {sigma!r}; "
             "solvers.koopman_readout(..., sigma='exact') takes the exact sigma_max by SVD"
         )
     launch.choice("input_precision", input_precision, PRECISIONS)
@@ -660,6 +671,9 @@ def koopman_readout(
         v0 = torch.full((1, r), 1.0 / math.sqrt(r) if r else 0.0, dtype=torch.float32, device=dev)
     else:
         v0 = launch.tensor("v0", v0, min_ndim=1)
+        if checks is not None:  # a device flag, as the kernel's other value checks (no host sync)
+            given = v0
+            checks.add(~torch.isfinite(given).all(), lambda: check.finite("v0", given))
         if v0.shape[-1] != r:
             raise ValueError(f"v0 must have shape (..., {r}), got {tuple(v0.shape)}")
         try:
@@ -671,8 +685,8 @@ def koopman_readout(
     N = math.prod(batch)
     G2, M2, C2, z2 = (
         launch.flat(G, 2),
-        launch.flat(stats.M, 2),
-        launch.flat(stats.Cv, 2),
+        launch.flat(stats.M.expand(*batch, r, r), 2),
+        launch.flat(stats.Cv.expand(*batch, P, r), 2),
         launch.flat(zq, 2),
     )
     y = launch.empty_out((N, Q, P), odt, dev)
@@ -736,7 +750,8 @@ def koopman_readout(
                 kernel[(n,)](*args, s, **meta, num_warps=4)
             else:
                 tuned[(n,)](*args, s, **meta)
-    elif N:
+    elif N:  # r = 0: no statistics, y = 0 as the reference's
+        y.zero_()
         status.zero_()
         finite.zero_()
         bad.zero_()

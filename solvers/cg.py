@@ -26,6 +26,7 @@ history records the true residual.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -47,7 +48,8 @@ def cg(
     bf16_mode: str = "storage",
     return_info: bool = False,
 ):
-    """``iters`` steps of CG on ``H x = q``; optionally stop a system once
+    """``iters`` steps of CG on ``H x = q`` (Hestenes-Stiefel, module docstring; GKA Fig. 1a's CG
+    baseline); optionally stop a system once
     ``||r_i|| <= max(rtol ||q||, atol)`` (recursive residual, as scipy).
 
     ``x0``: initial guess ``(..., D)`` of H's dtype and device, broadcasting to the systems'
@@ -70,24 +72,33 @@ def cg(
     sys = prepare(H, q, need_bounds=False, bf16_mode=bf16_mode)
     ar = sys.arith
     Hs = sys.H
+    # CG is homogeneous in (q, x): run it on q scaled by a power of two near 1 / max|q| (exact,
+    # so every rounding is the unscaled run's) and scale x back. Without this, ||q||^2
+    # overflows (q ~ 1e20 in float32) or underflows (q ~ 1e-25) and every system froze at x0
+    # with status CONVERGED.
+    scale = _rhs_scale(sys.q)
+    qs = sys.q * scale
     if x0 is None:
-        x = torch.zeros_like(sys.q)
-        r = sys.q
+        x = torch.zeros_like(qs)
+        r = qs
     else:
-        x = initial_guess(x0, sys.q, H)
-        r = ar.store(ar.up(sys.q) - ar.matvec(Hs, x))
+        x = initial_guess(x0, sys.q, H) * scale  # a new tensor: never the caller's x0
+        r = ar.store(ar.up(qs) - ar.matvec(Hs, x))
     p = r
     rr = ar.dot(r, r)
     use_tol = rtol is not None or atol > 0
-    threshold = torch.clamp(float(rtol or 0.0) * torch.sqrt(ar.dot(sys.q, sys.q)), min=float(atol))
+    threshold = torch.maximum(
+        float(rtol or 0.0) * torch.sqrt(ar.dot(qs, qs)), float(atol) * scale.squeeze(-1)
+    )
     # The rounding floor ||r|| <= u ||q||: below it p^T H p can underflow to 0 (convergence
     # to working accuracy, not a breakdown), and a fixed-count run freezes there, because
     # further steps only add noise and alpha = rr / pHp of two tiny numbers would make
     # autograd through the loop overflow to inf * 0 = NaN.
-    floor = (ar.u_acc * torch.sqrt(ar.dot(sys.q, sys.q))) ** 2
+    floor = (ar.u_acc * torch.sqrt(ar.dot(qs, qs))) ** 2
     done = rr <= threshold**2 if use_tol else rr <= floor
     broke = torch.zeros_like(done)
-    iterates, alphas, betas = [x], [], []
+    overflow = torch.zeros_like(done)  # p^T H p not finite: H too large for the working precision
+    iterates, alphas, betas = [x / scale], [], []
     nan = torch.full_like(rr, float("nan"))
     for _ in range(iters):
         Hp = ar.matvec(Hs, p)
@@ -95,7 +106,8 @@ def cg(
         stalled = ~done & (pHp <= 0)
         done = done | (stalled & (rr <= floor))
         broke = broke | (stalled & (rr > floor))
-        active = ~done & ~broke
+        overflow = overflow | (~done & ~broke & ~torch.isfinite(pHp))
+        active = ~done & ~broke & ~overflow
         # A frozen system gets alpha = 0 and keeps its iterate: no 0/0 ever reaches a NaN.
         alpha = torch.where(
             active, rr / torch.where(active, pHp, torch.ones_like(pHp)), torch.zeros_like(rr)
@@ -111,11 +123,12 @@ def cg(
         rr = torch.where(active, rr_new, rr)
         done = done | (active & (rr <= (threshold**2 if use_tol else floor)))
         if callback is not None and bool(active.any()):
-            callback(x.detach().clone())
+            callback((x / scale).detach())
         if return_info:
-            iterates.append(x)
+            iterates.append(x / scale)
             alphas.append(torch.where(active, alpha, nan))
             betas.append(torch.where(active, beta, nan))
+    x = x / scale
     if not return_info:
         return x
     status = torch.full(
@@ -123,6 +136,7 @@ def cg(
     )
     status = torch.where(done, torch.full_like(status, Status.CONVERGED), status)
     status = torch.where(broke, torch.full_like(status, Status.BREAKDOWN), status)
+    status = torch.where(overflow, torch.full_like(status, Status.NONFINITE), status)
     status = nonfinite_status(x, status)
     empty = torch.empty((0, *sys.batch), dtype=rr.dtype, device=rr.device)
     scalars = {
@@ -130,6 +144,19 @@ def cg(
         "betas": torch.stack(betas) if betas else empty,
     }
     return x, build_info(Hs, sys.q, iterates, status, ar.label, scalars)
+
+
+def _rhs_scale(q: torch.Tensor) -> torch.Tensor:
+    """``(*batch, 1)``: per system a power of two near ``1 / max|q|`` (1 for q = 0), in q's dtype,
+    clamped so that it and its inverse are normal numbers of that dtype."""
+    m = q.abs().amax(dim=-1, keepdim=True).to(torch.float64) if q.shape[-1] else None
+    if m is None:
+        return torch.ones((*q.shape[:-1], 1), dtype=q.dtype, device=q.device)
+    ok = torch.isfinite(m) & (m > 0)
+    _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
+    e = torch.where(ok, e, torch.ones_like(e)) - 1
+    emax = int(math.log2(torch.finfo(q.dtype).max)) - 1  # 126 (bf16, float32), 1022 (float64)
+    return torch.ldexp(torch.ones_like(m), (-e).clamp(-emax, emax).to(m.dtype)).to(q.dtype)
 
 
 def initial_guess(x0, q: torch.Tensor, H: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from . import validation as check
 from ._arith import Arith
@@ -209,6 +210,7 @@ class ChebyshevSolve(torch.autograd.Function):
         return state.xi
 
     @staticmethod
+    @once_differentiable  # the backward's own steps are not differentiated: no second derivatives
     def backward(ctx, grad_x):
         H, q, xi, *rest = ctx.saved_tensors
         D = H.shape[-1]

@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from .solve_info import Status
+from .solve_info import Status, norm64
 
 # Constant c of the rounding allowance c kappa (n u_acc + u_store) (docs/precision.md, "Why c = 8").
 ALLOWANCE_C = 8.0
@@ -52,6 +52,6 @@ def flag_divergence(
 ) -> torch.Tensor:
     """``status`` raised to DIVERGED where ``||q - H x_r|| > limit ||q||`` (a worse status, such
     as NONFINITE, is kept). Everything stays on the device: no host synchronisation."""
-    q_norm = torch.linalg.vector_norm(q.to(torch.float64), dim=-1)
+    q_norm = norm64(q)  # no overflow of the sum of squares for q ~ 1e300
     grew = final_residual > limit.to(final_residual.device) * q_norm
     return torch.where(grew, torch.clamp(status, min=int(Status.DIVERGED)), status)

@@ -161,6 +161,18 @@ def check_frobenius(fro: torch.Tensor, first_token: int = 1) -> None:
     )
 
 
+def check_ridge_in(a: float, compute: torch.dtype) -> None:
+    """``a`` as the computation holds it: a ridge strength that rounds to 0 or inf in the
+    compute dtype (float32: a below 1e-45 or above 3e38) makes every ``lambda_t`` 0 or inf, a
+    singular or NaN system; ValueError naming a."""
+    held = torch.tensor(a, dtype=compute)
+    if not (bool(torch.isfinite(held)) and float(held) > 0):
+        raise ValueError(
+            f"a = {a!r} rounds to {float(held)} in {str(compute)[6:]}: lambda_t = a ||H_t||_F "
+            "would be 0 or inf; use a positive a that the working precision holds"
+        )
+
+
 def _connected_zeros(shape, ar: Arith, inp: LayerInputs) -> torch.Tensor:
     """Zeros of ``shape`` that depend on every input (their gradients are zeros, not missing)."""
     zero = sum(x.sum() for x in (inp.q, inp.k, inp.v, inp.g, inp.beta) if x is not None) * 0
@@ -194,6 +206,7 @@ def run_layer(
     U = torch.zeros(*B, Dv, D, dtype=ar.dtype, device=q.device)
     eye = torch.eye(D, dtype=ar.compute, device=q.device)
     a = ar.scalar(inp.a)
+    check_ridge_in(inp.a, ar.compute)
     ys, xs, fros, lams, res, stats, Hs, Us = [], [], [], [], [], [], [], []
     for t in range(T):
         kt = ar.up(k[..., t, :])

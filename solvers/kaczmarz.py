@@ -58,7 +58,7 @@ def kaczmarz(
     bf16_mode: str = "storage",
     return_info: bool = False,
 ):
-    """``sweeps`` sweeps of (relaxed, stabilised) Kaczmarz on ``A x = b``.
+    """``sweeps`` sweeps of (relaxed, stabilised) Kaczmarz on ``A x = b`` (KLA eqs. (2)-(3)).
 
     Args:
         A: ``(..., m, n)``, any m, n (square, over- or underdetermined).
@@ -156,6 +156,12 @@ def _nonnegative(name: str, v) -> float:
 def _row_denominators(A: torch.Tensor, b: torch.Tensor, eps: float, ar: Arith):
     """``||a_i||^2 + eps`` in the compute dtype, and the rows skipped (zero row, b_i = 0)."""
     den = ar.dot(A, A) + ar.scalar(eps)
+    if not bool(torch.isfinite(den).all()):  # every step would be a / inf = 0: x stays at 0
+        where = _first(~torch.isfinite(den))
+        raise ValueError(
+            f"A has row {where[-1]} (batch index {where[:-1]}) whose squared norm overflows in "
+            f"{ar.compute}: rescale A and b"
+        )
     vanishing = den == 0
     if bool(vanishing.any()):
         zero_row = (A == 0).all(dim=-1)

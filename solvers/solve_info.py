@@ -119,11 +119,34 @@ class SolveInfo:
 HISTORY_FIELDS = ("omegas", "alphas", "betas", "rows", "method", "xi_minus1")
 
 
+def norm64(v: torch.Tensor) -> torch.Tensor:
+    """``||v||_2`` over the last axis in float64, without overflow or underflow of the sum of
+    squares: v is scaled by a power of two (exactly) near its largest entry first, so the norm
+    is inf only when the norm itself exceeds float64's range (||q|| of q ~ 1e300 is finite)."""
+    v = v.to(torch.float64)
+    scale = _power_of_two_scale(v)
+    return torch.linalg.vector_norm(v / scale.unsqueeze(-1), dim=-1) * scale
+
+
+def _power_of_two_scale(v: torch.Tensor) -> torch.Tensor:
+    """Per vector of the last axis: 2^e with e the exponent of its largest finite |entry| (1 for
+    a zero or non-finite vector, whose norm is 0, inf or NaN either way)."""
+    m = v.abs().amax(dim=-1) if v.shape[-1] else torch.zeros(v.shape[:-1], dtype=v.dtype)
+    ok = torch.isfinite(m) & (m > 0)
+    _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
+    return torch.ldexp(torch.ones_like(m), e.to(m.dtype))
+
+
 def residual_norm64(H: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``||q - H x||_2`` evaluated in float64 from the stored values."""
+    """``||q - H x||_2`` evaluated in float64 from the stored values. q and x are scaled by one
+    power of two (exact) so that neither ``H x`` nor the sum of squares overflows for large
+    inputs: a run on q ~ 1e300 gets finite residual norms, and a divergence is still seen."""
     H64 = H.to(torch.float64)
-    r = q.to(torch.float64) - (H64 @ x.to(torch.float64).unsqueeze(-1)).squeeze(-1)
-    return torch.linalg.vector_norm(r, dim=-1)
+    q64, x64 = q.to(torch.float64), x.to(torch.float64)
+    q64, x64 = torch.broadcast_tensors(q64, x64)
+    scale = torch.maximum(_power_of_two_scale(q64), _power_of_two_scale(x64)).unsqueeze(-1)
+    r = q64 / scale - (H64 @ (x64 / scale).unsqueeze(-1)).squeeze(-1)
+    return norm64(r) * scale.squeeze(-1)
 
 
 def history_residual_norms(

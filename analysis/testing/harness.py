@@ -1531,8 +1531,6 @@ def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     warning = interpret_without_gpu(args.device)  # before the kernel's module imports Triton
-    if warning:
-        print(warning, file=sys.stderr)
     steps = (
         ("--model", lambda: as_contract(args.model)),
         ("KERNEL", lambda: load(args.kernel)),
@@ -1547,6 +1545,8 @@ def main(argv=None) -> int:
             print(f"{ap.prog}: error: argument {option}: {e}", file=sys.stderr)
             return USAGE_ERROR
     contract, kernel, reference, prepare = got
+    if warning:  # after the usage errors, which stay one line
+        print(warning, file=sys.stderr)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
     if args.pow2 and args.strategy != "kla":
