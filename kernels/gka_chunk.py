@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from solvers import validation as check
+from solvers.gka import check_frobenius
 
 from . import _launch as launch
 
@@ -159,4 +160,6 @@ def chunkwise_frobenius(
     launch.finite_result(
         out, k=k, **({} if g is None else {"g": g}), **({} if beta is None else {"beta": beta})
     )
+    if out.numel() and not bool(torch.isfinite(out).all()):  # finite inputs: the norm overflowed
+        check_frobenius(torch.where(torch.isfinite(out), torch.ones_like(out), out))
     return out.reshape(*batch, T)

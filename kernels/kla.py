@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -323,6 +324,10 @@ def prepare_kernel(
     if KACZMARZ:
         d = n + eps
         beta = tl.where(d > 0, eta / tl.where(d > 0, d, 1.0), 0.0)
+        # ||k||^2 overflowed: eta / inf = 0 would silently skip the token with a finite result;
+        # NaN makes the result non-finite, so the finiteness flag reports it and
+        # _explain_nonfinite raises the reference's error (solvers.kla._beta)
+        beta = tl.where(d < float("inf"), beta, float("nan"))
     else:
         beta = eta
     tl.store(p_N + tile, beta[:, None] * L)
@@ -833,104 +838,74 @@ def kla_chunkwise(
     and, unless ``return_final_state=False``, ``S_T (..., H, d_k, d_v)`` -- with these
     differences: q, k, v float32 or bfloat16 with d_k, d_v <= 128, on a CUDA device (CPU under
     TRITON_INTERPRET=1); ``chunk_size`` 16, 32 or 64; ``bf16_mode="strict"`` is refused (the
-    state and all accumulations are float32). The Kaczmarz coefficient
-    ``beta_t = eta_t / (||k_t||^2 + eps)`` is computed in the kernel from the keys.
+    state and all accumulations are float32); ``return_final_state`` must be a bool. The
+    Kaczmarz coefficient ``beta_t = eta_t / (||k_t||^2 + eps)`` is computed in the kernel from
+    the keys.
 
     Extra options: ``input_precision`` -- the operands of the chunk GEMMs: ``"ieee"``
     (float32 default), ``"tf32x3"``, ``"tf32"`` or ``"bf16"`` (bfloat16 default; the model of
     flash-linear-attention), see the module docstring; ``out_dtype`` (default: the input
     dtype) for o and S_T; ``check_inputs`` -- checks of values on the device (gates in range
-    and finite, non-finite inputs behind a non-finite result, zero keys when eps = 0): ``True``
-    (default) reads the kernels' flags at the end of the call, one synchronisation, and raises
-    the reference's error; a ``kernels.DeferredChecks`` records them for its ``verify()``;
-    ``False`` skips them. With either of the last two the call never synchronises or copies
-    between host and device, and can be captured in a CUDA graph (docs/kernels.md).
+    and finite, non-finite inputs behind a non-finite result, ||k||^2 overflow, zero keys when
+    eps = 0): ``True`` (default) reads the kernels' flags at the end of the call, one
+    synchronisation, and raises the reference's error; a ``kernels.DeferredChecks`` records
+    them for its ``verify()``; ``False`` skips them. With either of the last two the call never
+    synchronises or copies between host and device, and can be captured in a CUDA graph
+    (docs/kernels.md).
 
     Differentiable: when grad mode is on and q, k, v, alpha, eta or initial_state requires grad,
     the call goes through :func:`kernels.kla_chunkwise_trainable` (this forward, with the chunked
     adjoint recurrence as its backward; per-head gates, ``bf16_mode="storage"``, no ``out_dtype``).
+    Both paths check their arguments in :func:`_arguments`.
     """
+    a = _arguments(
+        q,
+        k,
+        v,
+        alpha,
+        eta,
+        eps,
+        chunk_size,
+        initial_state,
+        coefficient,
+        normalize_queries,
+        bf16_mode,
+        return_final_state,
+        input_precision,
+        out_dtype,
+        check_inputs,
+    )
     if torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad
         for x in (q, k, v, alpha, eta, initial_state)
     ):
-        from .kla_backward import (
-            kla_chunkwise_trainable,
-        )  # imports this module: no cycle at load time
+        from .kla_backward import trainable  # imports this module: no cycle at load time
 
         if out_dtype is not None or bf16_mode != "storage":
             raise ValueError(
                 "kla_chunkwise with gradients takes out_dtype=None and bf16_mode='storage'"
             )
-        o, S = kla_chunkwise_trainable(
-            q,
-            k,
-            v,
-            alpha=alpha,
-            eta=eta,
-            eps=eps,
-            chunk_size=chunk_size,
-            initial_state=initial_state,
-            coefficient=coefficient,
-            normalize_queries=normalize_queries,
-            input_precision=input_precision,
-        )
+        o, S = trainable(a, alpha, eta)
         return (o, S) if return_final_state else o
-    C = check.count("chunk_size", chunk_size, minimum=1)
-    if C not in CHUNK_SIZES:
-        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} for the kernel, got {C}")
-    if coefficient not in COEFFICIENTS:
-        raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
-    if not isinstance(normalize_queries, bool):
-        raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
-    if not isinstance(return_final_state, bool):
-        raise TypeError(
-            f"return_final_state must be a bool, got {type(return_final_state).__name__}"
-        )
-    launch.bf16_mode(bf16_mode)
-    eps = nonnegative("eps", eps)
-    q = launch.tensor("q", q, min_ndim=3)
-    k = launch.tensor("k", k, min_ndim=3)
-    v = launch.tensor("v", v, min_ndim=3)
-    check_qkv(q, k, v)
+    q, k, v, S0, C, checks = a.q, a.k, a.v, a.S0, a.C, a.checks
     *lead, T, H, DK = k.shape
     DV = v.shape[-1]
-    for name, d in (("k", DK), ("v", DV)):
-        if d == 0:
-            raise ValueError(f"{name} must have a feature dimension >= 1, got 0")
-        launch.dimension(name, d)
-    prec = _precision(input_precision, q.dtype)
-    odt = launch.out_dtype(out_dtype, q.dtype)
-    checks = launch.checks_for(check_inputs, q.device)
-    alpha_g, per_channel = _gate("alpha", alpha, k, channels=True)
-    eta_g, _ = _gate("eta", eta, k, channels=False)
-    if initial_state is not None:
-        S0 = launch.tensor("initial_state", initial_state, min_ndim=3)
-        check.same_kind("initial_state", S0, "q", q)
-        if S0.shape[-3:] != (H, DK, DV):
-            raise ValueError(
-                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {DK}, {DV}), got {tuple(S0.shape)}"
-            )
-        try:
-            S0 = S0.expand(*lead, H, DK, DV)
-        except RuntimeError:
-            raise ValueError(
-                f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
-            ) from None
-    else:
-        S0 = None
-    kaczmarz = coefficient == "kaczmarz"
-    if checks is not None and kaczmarz and eps == 0.0:
+    prec, kaczmarz = a.prec, a.coefficient == "kaczmarz"
+    if checks is not None and kaczmarz and a.eps == 0.0:
         checks.add(_zero_keys_flag(k, v), lambda: _zero_keys(k, v))
+    gates = (a.alpha, a.eta)
+    explain_gates = lambda: _check_gates(  # noqa: E731
+        *(x.to(k.dtype) if isinstance(x, torch.Tensor) else x for x in gates)
+    )
 
     N = math.prod(lead)
     q2, k2, v2 = (launch.flat(x, 3) for x in (q, k, v))
-    o = launch.empty_out((N, T, H, DV), odt, q.device)
-    ht = launch.empty_out((N, H, DK, DV), odt, q.device) if return_final_state else None
-    if N * H and T:
+    o = launch.empty_out((N, T, H, DV), a.odt, q.device)
+    ht = launch.empty_out((N, H, DK, DV), a.odt, q.device) if return_final_state else None
+    if N * H * T * DK * DV:
         NT = -(-T // C)
         g, eta32, bad = gate_tensors(
-            alpha_g, eta_g, (N, T, H, DK), C, per_channel, q.device, k.dtype == torch.bfloat16
+            a.alpha, a.eta, (N, T, H, DK), C, a.per_channel, q.device, k.dtype == torch.bfloat16
         )
         h0 = None if S0 is None else launch.flat(S0, 3)
         store_dtype = torch.bfloat16 if prec == "bf16" else torch.float32
@@ -948,7 +923,7 @@ def kla_chunkwise(
                 C=C,
                 NB=C // 16,
                 KACZMARZ=kaczmarz,
-                PER_CHANNEL=per_channel,
+                PER_CHANNEL=a.per_channel,
                 PREC=PRECISIONS[prec],
             )
             args = (
@@ -963,7 +938,7 @@ def kla_chunkwise(
                 g.shape[1],
                 H,
                 NT,
-                eps,
+                a.eps,
                 s,
                 grid_bucket(N * H * NT),
             )
@@ -988,27 +963,165 @@ def kla_chunkwise(
             DV,
             BK,
             C,
-            per_channel,
+            a.per_channel,
             normalize_queries,
             prec,
         )
         if checks is not None:
-            checks.add(
-                bad.ne(0).any(),
-                lambda: _check_gates(
-                    *(x.to(k.dtype) if isinstance(x, torch.Tensor) else x for x in (alpha_g, eta_g))
-                ),
-            )
+            checks.add(bad.ne(0).any(), explain_gates)
             checks.add(
                 ~torch.isfinite(flags).all(),
-                lambda: _explain_nonfinite(q, k, v, S0, normalize_queries),
+                lambda: _explain_nonfinite(q, k, v, a.initial_state, normalize_queries),
             )
-    elif return_final_state:
-        ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
+    else:
+        # Nothing for the kernels (an empty batch, sequence or feature dimension): o_t is an
+        # empty product when d_k = 0 -- 0, or 0 / ||q_t|| = NaN as in the reference -- and S_T
+        # is S_0 (no token) or empty. The values the reference checks are still checked.
+        o.fill_(float("nan") if normalize_queries else 0.0)
+        if return_final_state:
+            ht.copy_(torch.zeros_like(ht) if S0 is None else launch.flat(S0, 3))
+        if checks is not None:
+            gates_bad = _gates_flag(*gates, k.dtype)  # no gates_kernel launched to flag them
+            if gates_bad is not None:
+                checks.add(gates_bad, explain_gates)
+            checks.add(
+                _degenerate_flag(q, k, v, a.initial_state, o, normalize_queries, kaczmarz),
+                lambda: _explain_nonfinite(q, k, v, a.initial_state, normalize_queries),
+            )
     o = o.reshape(*lead, T, H, DV)
     S = None if ht is None else ht.reshape(*lead, H, DK, DV)
     launch.finish_checks(check_inputs, checks)
     return (o, S) if return_final_state else o
+
+
+@dataclass(frozen=True)
+class _Args:
+    """kla_chunkwise's arguments as :func:`_arguments` checked them."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    alpha: object  # as the kernels take it (:func:`_gate`)
+    eta: object
+    per_channel: bool
+    initial_state: torch.Tensor | None  # as passed (errors count its entries, as the reference)
+    S0: torch.Tensor | None  # initial_state expanded to (..., H, d_k, d_v)
+    C: int
+    eps: float
+    coefficient: str
+    normalize_queries: bool
+    prec: str
+    odt: torch.dtype
+    check_inputs: object
+    checks: launch.DeferredChecks | None
+
+
+def _arguments(
+    q,
+    k,
+    v,
+    alpha,
+    eta,
+    eps,
+    chunk_size,
+    initial_state,
+    coefficient,
+    normalize_queries,
+    bf16_mode,
+    return_final_state,
+    input_precision,
+    out_dtype,
+    check_inputs,
+) -> _Args:
+    """Every argument check of :func:`kla_chunkwise`, with and without gradients (and of
+    ``kernels.kla_chunkwise_trainable``): the reference's errors, raised before any launch;
+    nothing here reads device values."""
+    C = check.count("chunk_size", chunk_size, minimum=1)
+    if C not in CHUNK_SIZES:
+        raise ValueError(f"chunk_size must be one of {CHUNK_SIZES} for the kernel, got {C}")
+    if coefficient not in COEFFICIENTS:
+        raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
+    if not isinstance(normalize_queries, bool):
+        raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
+    if not isinstance(return_final_state, bool):
+        raise TypeError(
+            f"return_final_state must be a bool, got {type(return_final_state).__name__}"
+        )
+    launch.bf16_mode(bf16_mode)
+    eps = nonnegative("eps", eps)
+    q = launch.tensor("q", q, min_ndim=3)
+    k = launch.tensor("k", k, min_ndim=3)
+    v = launch.tensor("v", v, min_ndim=3)
+    check_qkv(q, k, v)
+    *lead, T, H, DK = k.shape
+    DV = v.shape[-1]
+    for name, d in (("k", DK), ("v", DV)):
+        launch.dimension(name, d)  # d = 0 is allowed, as in the reference (nothing to launch)
+    prec = _precision(input_precision, q.dtype)
+    odt = launch.out_dtype(out_dtype, q.dtype)
+    checks = launch.checks_for(check_inputs, q.device)
+    alpha_g, per_channel = _gate("alpha", alpha, k, channels=True)
+    eta_g, _ = _gate("eta", eta, k, channels=False)
+    S0 = None
+    if initial_state is not None:
+        initial_state = launch.tensor("initial_state", initial_state, min_ndim=3)
+        check.same_kind("initial_state", initial_state, "q", q)
+        if initial_state.shape[-3:] != (H, DK, DV):
+            raise ValueError(
+                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {DK}, {DV}), got {tuple(initial_state.shape)}"
+            )
+        try:
+            S0 = initial_state.expand(*lead, H, DK, DV)
+        except RuntimeError:
+            raise ValueError(
+                f"initial_state has batch shape {tuple(initial_state.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
+            ) from None
+    return _Args(
+        q,
+        k,
+        v,
+        alpha_g,
+        eta_g,
+        per_channel,
+        initial_state,
+        S0,
+        C,
+        eps,
+        coefficient,
+        normalize_queries,
+        prec,
+        odt,
+        check_inputs,
+        checks,
+    )
+
+
+def _gates_flag(alpha, eta, dtype: torch.dtype):
+    """gates_kernel's test in torch, as a device flag (None when both gates are numbers, checked
+    on the host already): a gate tensor, rounded to ``dtype``, out of its range or not finite.
+    Explained by :func:`_check_gates`."""
+    bad = []
+    for name, x in (("alpha", alpha), ("eta", eta)):
+        if isinstance(x, torch.Tensor):
+            x = x.to(dtype)
+            low, low_open, high = GATE_RANGES[name]
+            ok = (x > low) if low_open else (x >= low)
+            ok = ok & ((x <= high) if high is not None else (x < math.inf))  # NaN fails both
+            bad.append(~ok.all())
+    return torch.stack(bad).any() if bad else None
+
+
+def _degenerate_flag(q, k, v, initial_state, o, normalize_queries, kaczmarz) -> torch.Tensor:
+    """A device flag for a call with nothing to launch: what the reference would still reject
+    (a non-finite input, a zero query, an overflowing ||k||^2) or a non-finite result (d_k = 0
+    with normalize_queries: 0 / 0). Explained by :func:`_explain_nonfinite`."""
+    xs = (q, k, v, o) if initial_state is None else (q, k, v, o, initial_state)
+    bad = [~torch.isfinite(x).all() for x in xs]
+    if normalize_queries:  # the reference checks query norms where q has entries
+        bad.append((q.float().pow(2).sum(-1) == 0).any() & (q.numel() > 0))
+    if kaczmarz:
+        bad.append(~torch.isfinite(k.float().pow(2).sum(-1)).all())
+    return torch.stack(bad).any()
 
 
 def grid_bucket(programs: int) -> int:

@@ -60,7 +60,7 @@ import triton.language as tl
 from solvers.kla import broadcast_gate
 
 from . import _launch as launch
-from .kla import CHUNK_SIZES, PRECISIONS, RUNTIME_LENGTHS, kla_chunkwise, mm
+from .kla import PRECISIONS, RUNTIME_LENGTHS, _arguments, kla_chunkwise, mm
 
 # ----------------------------------------------------------------------------- operands
 
@@ -494,7 +494,13 @@ class _Trainable(torch.autograd.Function):
         q, k, v, alpha, eta, h0 = ctx.saved_tensors
         opts = ctx.opts
         C = opts["chunk_size"]
-        N, T, H, _ = k.shape
+        N, T, H, DK = k.shape
+        if N * T * H * DK * v.shape[-1] == 0:
+            # nothing reached the kernels (their reshapes need a token and a feature): zero
+            # gradients, and dS_0 = dS_T, as the reference's -- with no token S_T is S_0 (else
+            # the state is empty)
+            dh0 = None if h0 is None else dS.reshape(h0.shape).to(h0.dtype)
+            return (*(torch.zeros_like(x) for x in (q, k, v, alpha, eta)), dh0, None, None)
         with torch.enable_grad():
             leaves = [x.detach().requires_grad_(True) for x in (q, k, alpha, eta)]
             ops = chunk_operands(
@@ -577,13 +583,15 @@ def kla_chunkwise_trainable(
     coefficient: str = "kaczmarz",
     normalize_queries: bool = True,
     input_precision=None,
+    check_inputs=True,
     adjoint=None,
     broken_variant=None,
 ):
     """``kernels.kla_chunkwise`` (same arguments and checks, returns ``(o, S_T)``) with a
     backward: the chunked adjoint recurrence of the module docstring, in the forward's
     precision contract. Differentiable in q, k, v, alpha, eta (per-head tensors
-    ``(..., T, H)`` or floats) and initial_state.
+    ``(..., T, H)`` or floats) and initial_state. ``check_inputs``: as the forward's (the
+    backward reads no flags).
 
     ``adjoint="torch"`` runs the recurrence in plain torch (:func:`chunk_adjoint_torch`, the
     specification the kernels are tested against), ``"triton"`` in the Triton kernels; the
@@ -594,19 +602,38 @@ def kla_chunkwise_trainable(
     (docs/validation.md, "KLA/GDN backward on the GPU");
     ``broken_variant`` (a key of :data:`BROKEN_VARIANTS`) makes the backward deliberately
     wrong, to show that a gradient check catches it."""
+    a = _arguments(  # the forward's own checks (kernels.kla), not a second set
+        q,
+        k,
+        v,
+        alpha,
+        eta,
+        eps,
+        chunk_size,
+        initial_state,
+        coefficient,
+        normalize_queries,
+        "storage",
+        True,
+        input_precision,
+        None,
+        check_inputs,
+    )
+    return trainable(a, alpha, eta, adjoint=adjoint, broken_variant=broken_variant)
+
+
+def trainable(a, alpha, eta, *, adjoint=None, broken_variant=None):
+    """:func:`kla_chunkwise_trainable` on arguments checked by ``kernels.kla._arguments``
+    (``a``; alpha and eta as passed, so that their gradients reach them)."""
+    q = a.q
     if adjoint is None:
-        adjoint = "torch" if isinstance(q, torch.Tensor) and q.is_cuda else "triton"
+        adjoint = "torch" if q.is_cuda else "triton"
     if adjoint not in ("triton", "torch"):
         raise ValueError(f"adjoint must be 'triton' or 'torch', got {adjoint!r}")
     if broken_variant is not None and broken_variant not in BROKEN_VARIANTS:
         raise ValueError(
             f"broken_variant must be one of {tuple(BROKEN_VARIANTS)} or None, got {broken_variant!r}"
         )
-    if not isinstance(chunk_size, int) or chunk_size not in CHUNK_SIZES:
-        raise ValueError(
-            f"chunk_size must be one of {CHUNK_SIZES} for the kernel, got {chunk_size!r}"
-        )
-    q = launch.tensor("q", q, min_ndim=3)
     lead = q.shape[:-3]
     T, H = q.shape[-3], q.shape[-2]
     n = math.prod(lead)
@@ -622,22 +649,16 @@ def kla_chunkwise_trainable(
             else torch.tensor(float(x), dtype=torch.float32, device=q.device)
         )
         # as the forward uses it: broadcast to (..., T, H) and rounded to q's dtype
-        # (solvers.kla.broadcast_gate); the gradient passes the rounding unchanged
-        rounded = broadcast_gate(name, xt.detach(), q.shape[:-1], None, q)[0].float()
+        # (solvers.kla.broadcast_gate); the gradient passes the rounding unchanged. Values are
+        # checked by the forward's kernel, as check_inputs says (no synchronisation here)
+        rounded, _ = broadcast_gate(name, xt.detach(), q.shape[:-1], None, q, check_finite=False)
+        rounded = rounded.float()
         if xt.requires_grad:
             xe = xt.float().expand(q.shape[:-1])
             rounded = xe + (rounded - xe).detach()
         gates.append(rounded.reshape(n, T, H))
-    prec = (
-        input_precision
-        if input_precision is not None
-        else ("bf16" if q.dtype == torch.bfloat16 else "ieee")
-    )
-    if prec not in PRECISIONS:
-        raise ValueError(
-            f"input_precision must be one of {tuple(PRECISIONS)} or None, got {input_precision!r}"
-        )
-    if adjoint == "triton" and _wgmma_miscompiled(q.device, chunk_size, prec):
+    prec = a.prec
+    if adjoint == "triton" and _wgmma_miscompiled(q.device, a.C, prec):
         name = torch.cuda.get_device_name(q.device) if q.is_cuda else str(q.device)
         raise ValueError(
             f"adjoint='triton' is refused on {name} at chunk_size=64 with "
@@ -646,18 +667,15 @@ def kla_chunkwise_trainable(
             "adjoint='torch' (the CUDA default), or chunk_size=16 or 32"
         )
     opts = dict(
-        eps=eps,
-        chunk_size=chunk_size,
-        coefficient=coefficient,
-        normalize_queries=normalize_queries,
+        eps=a.eps,
+        chunk_size=a.C,
+        coefficient=a.coefficient,
+        normalize_queries=a.normalize_queries,
         input_precision=prec,
+        check_inputs=a.check_inputs,
     )
     back = dict(adjoint=adjoint, variant=broken_variant)
     flat = lambda x: x.reshape(n, *x.shape[len(lead) :])  # noqa: E731
-    h0 = (
-        None
-        if initial_state is None
-        else flat(initial_state.expand(*lead, *initial_state.shape[-3:]))
-    )
-    o, S = _Trainable.apply(flat(q), flat(k), flat(v), gates[0], gates[1], h0, opts, back)
+    h0 = None if a.S0 is None else flat(a.S0)
+    o, S = _Trainable.apply(flat(q), flat(a.k), flat(a.v), gates[0], gates[1], h0, opts, back)
     return o.reshape(*lead, *o.shape[1:]), S.reshape(*lead, *S.shape[1:])

@@ -554,6 +554,13 @@ def _stats(stats) -> KoopmanStatistics:
     return stats
 
 
+def _zero_start(name: str) -> None:
+    """The reference's error for a power iteration started at 0 (it would stay 0: sigma = 0)."""
+    raise ValueError(
+        f"{name} must be nonzero in every system: power iteration from {name} = 0 stays at 0"
+    )
+
+
 def _queries(stats: KoopmanStatistics, zq) -> torch.Tensor:
     zq = launch.tensor("zq", zq, min_ndim=2)  # finiteness: checked in the kernel's flag
     check_query_shape(stats, zq)
@@ -671,9 +678,10 @@ def koopman_readout(
         v0 = torch.full((1, r), 1.0 / math.sqrt(r) if r else 0.0, dtype=torch.float32, device=dev)
     else:
         v0 = launch.tensor("v0", v0, min_ndim=1)
-        if checks is not None:  # a device flag, as the kernel's other value checks (no host sync)
+        if checks is not None:  # device flags, as the kernel's other value checks (no host sync)
             given = v0
             checks.add(~torch.isfinite(given).all(), lambda: check.finite("v0", given))
+            checks.add((given == 0).all(-1).any(), lambda: _zero_start("v0"))
         if v0.shape[-1] != r:
             raise ValueError(f"v0 must have shape (..., {r}), got {tuple(v0.shape)}")
         try:

@@ -116,12 +116,11 @@ class BalancedGate:
 
     def __init__(self, a: float = 1.0, b: float = 1.0):
         for label, p in (("a", a), ("b", b)):
-            if (
-                isinstance(p, bool)
-                or not isinstance(p, (int, float))
-                or not math.isfinite(p)
-                or p <= 0
-            ):
+            # a wrong type is a TypeError, a wrong value a ValueError (as solvers.validation);
+            # a bool stays a ValueError, as tests/test_gates.py::test_balanced_parameters pins
+            if not isinstance(p, (int, float)):
+                raise TypeError(f"{label} must be a float, got {type(p).__name__}")
+            if isinstance(p, bool) or not math.isfinite(p) or p <= 0:
                 raise ValueError(f"{label} must be a finite float > 0, got {p!r}")
         self.a = float(a)
         self.b = float(b)
@@ -223,8 +222,22 @@ def cumulative_log_decay(log_gates, *, dim: int = -1, bf16_mode: str = "storage"
     Summed sequentially in the compute dtype (strict bf16 rounds every partial sum) and
     rounded once. ``exp(G_t)`` underflows to 0 gracefully; ratios ``exp(G_c - G_j)`` of two
     underflowed products stay finite, where the direct ``prod gamma`` ratio gives 0/0.
+
+    ``log_gates``: ``log gamma <= 0`` (gamma in [0, 1], as the GKA layer's g); ``dim``: an
+    existing dimension of it.
     """
     g = check.tensor("log_gates", log_gates, min_ndim=1)
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    if not -g.ndim <= dim < g.ndim:
+        raise ValueError(
+            f"dim must lie in [{-g.ndim}, {g.ndim - 1}] for log_gates of shape {tuple(g.shape)}, got {dim}"
+        )
+    # the wording of solvers.gka.validate_gates: a positive log gate is a growing "decay"
+    if g.numel() and bool((g > 0).any()):
+        raise ValueError(
+            f"log_gates = log gamma must be <= 0 (gamma in [0, 1]), got max {float(g.max())}"
+        )
     check.bf16_mode(bf16_mode)
     ar = Arith(g.dtype, bf16_mode)
     return ar.store(cumsum_compute(ar, ar.up(g).movedim(dim, -1))).movedim(-1, dim)

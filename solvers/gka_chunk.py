@@ -29,7 +29,7 @@ import torch
 from . import validation as check
 from ._arith import Arith
 from .gates import cumsum_compute
-from .gka import validate_gates, validate_keys
+from .gka import check_frobenius, validate_gates, validate_keys
 
 
 def decay_mask(G: torch.Tensor) -> torch.Tensor:
@@ -139,7 +139,8 @@ def chunkwise_frobenius(
 
     Returns ``(..., T)`` in the compute dtype (float32 for bf16 storage mode: a kernel keeps
     the norms, and lambda_t, in fp32), and with ``return_states`` also the stored chunk
-    initial states ``(..., N, D, D)``.
+    initial states ``(..., N, D, D)``. A norm that overflows the compute dtype is a ValueError
+    (the layer's message); a zero norm is a valid answer here.
     """
     kk, gg, bb, B = _key_inputs(k, g, beta)
     chunks = _chunks(kk.shape[-2], chunk_size)
@@ -164,6 +165,9 @@ def chunkwise_frobenius(
         if norms
         else torch.zeros(*B, 0, dtype=ar.compute, device=kk.device)
     )
+    # Only the overflow half of the layer's check applies (its zero-norm half is about
+    # lambda_t = 0 in a solve, and a zero norm is a right answer here): finite entries pass.
+    check_frobenius(torch.where(torch.isfinite(out), torch.ones_like(out), out))
     if not return_states:
         return out
     st = (
@@ -219,7 +223,7 @@ def chunkwise_Bk(
     (eq. (10)) with ``Bt_{C+1} = gamma_{C+1} B_{C+1}`` carried backwards by
     ``Bt_1 = zeta_C Bt_{C+1} + sum_c zeta_c w_c H_c``. ``cross="printed"`` uses the printed
     coefficient ``zeta_C`` of ``Bt_{C+1} k_i`` instead of ``M_{i,C}`` (kept to be refuted).
-    Inputs are converted to float64; w ``(..., T)``.
+    Inputs are converted to float64; w ``(..., T)``, its batch broadcast to that of k, g, beta.
     """
     if cross not in ("corrected", "printed"):
         raise ValueError(f"cross must be 'corrected' or 'printed', got {cross!r}")
@@ -227,6 +231,12 @@ def chunkwise_Bk(
     w = check.tensor("w", w, min_ndim=1)
     if w.shape[-1] != kk.shape[-2]:
         raise ValueError(f"w has {w.shape[-1]} tokens but k has {kk.shape[-2]}")
+    # w is Lemma 1's w_t of these systems: its batch broadcasts to theirs, it cannot add systems
+    if check.batch_shape("k, g, beta and w", B, w.shape[:-1]) != B:
+        raise ValueError(
+            f"w has batch shape {tuple(w.shape[:-1])}, which does not broadcast to the batch "
+            f"{tuple(B)} of k, g and beta"
+        )
     f64 = torch.float64
     kk = kk.to(f64)
     w = w.to(f64).expand(*B, kk.shape[-2])

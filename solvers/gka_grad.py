@@ -36,7 +36,7 @@ from . import validation as check
 from ._arith import Arith
 from .chebyshev import chebyshev
 from .cholesky import cholesky_solve
-from .gka import gka_layer, run_layer, validate_inputs
+from .gka import check_ridge_in, gka_layer, run_layer, validate_inputs
 from .gka_chunk import chunk_frobenius_terms, chunk_intra_Bk, decay_mask
 
 F64 = torch.float64
@@ -123,6 +123,29 @@ def appendix40_dk(k, dq, x, H, fro, *, a: float, g=None, product: str = "printed
     return -(coef.unsqueeze(-1) * terms).sum(-2)
 
 
+def _validate(q, k, v, dy, g, beta, a):
+    """The layer's inputs and the upstream gradient, checked alike by both gradient functions.
+
+    ``dy`` must have exactly y's shape ``(*batch, T, Dv)`` (the inputs' broadcast batch): a
+    broadcast dy would silently sum gradients over systems that do not exist. Any supported
+    dtype (it is converted exactly to float64), on q's device. ``a`` must not round to 0 or inf
+    in the inputs' working precision, where the layer itself would refuse it."""
+    inp = validate_inputs(q, k, v, g, beta, a)
+    check_ridge_in(inp.a, Arith(inp.q.dtype).compute)
+    dy = check.tensor("dy", dy, min_ndim=2)
+    if dy.device != inp.q.device:
+        raise ValueError(f"dy is on {dy.device} but q is on {inp.q.device}; they must match")
+    T, Dv = inp.q.shape[-2], inp.v.shape[-1]
+    if dy.shape[-2:] != (T, Dv):
+        raise ValueError(f"dy must end in (T, Dv) = ({T}, {Dv}), got shape {tuple(dy.shape)}")
+    if dy.shape[:-2] != inp.batch:
+        raise ValueError(
+            f"dy must have y's shape (*batch, T, Dv) = {(*inp.batch, T, Dv)} exactly, got "
+            f"{tuple(dy.shape)}"
+        )
+    return inp, dy
+
+
 def gka_implicit_grads(
     q, k, v, dy, *, a: float, g=None, beta=None, iters: Optional[int] = None
 ) -> GKAGrads:
@@ -132,20 +155,18 @@ def gka_implicit_grads(
 
     ``iters=r``: the same formulas at r Chebyshev steps (GKA Algorithm 1, ``L = (1 + a)
     ||H_t||_F``, ``mu = a ||H_t||_F``): x_t and dq_t (eq. (6)) are r-step solves, as a kernel
-    that trains by implicit differentiation computes them (Table 1)."""
-    inp = validate_inputs(q, k, v, g, beta, a)
-    dy = check.tensor("dy", dy, min_ndim=2)
+    that trains by implicit differentiation computes them (Table 1).
+
+    ``dy``: exactly y's shape ``(*batch, T, Dv)``, any supported dtype, on q's device."""
+    inp, dy = _validate(q, k, v, dy, g, beta, a)
     B, T, D, Dv = inp.batch, inp.q.shape[-2], inp.q.shape[-1], inp.v.shape[-1]
-    if dy.shape[-2:] != (T, Dv):
-        raise ValueError(f"dy must end in (T, Dv) = ({T}, {Dv}), got shape {tuple(dy.shape)}")
-    check.batch_shape("dy and the inputs", dy.shape[:-2], B)
     inp.q, inp.k, inp.v = inp.q.to(F64), inp.k.to(F64), inp.v.to(F64)
     inp.g = None if inp.g is None else inp.g.to(F64)
     inp.beta = None if inp.beta is None else inp.beta.to(F64)
     ar = Arith(F64)
     tr = run_layer(inp, ar, "exact" if iters is None else "chebyshev", iters, keep_states=True)
     H, U, x, fro = tr.H, tr.U, tr.x, tr.fro
-    dy = dy.to(F64).expand(*B, T, Dv)
+    dy = dy.to(F64)
     k64 = inp.k.expand(*B, T, D)
     v64 = inp.v.expand(*B, T, Dv)
     gamma = None if inp.g is None else torch.exp(inp.g.expand(*B, T))
@@ -203,13 +224,15 @@ def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
 
 
 def gka_autograd_grads(q, k, v, dy, *, a: float, g=None, beta=None) -> GKAGrads:
-    """The same gradients by ``torch.autograd`` through the float64 exact (Cholesky) layer."""
+    """The same gradients by ``torch.autograd`` through the float64 exact (Cholesky) layer.
+
+    Inputs and ``dy`` are checked as by :func:`gka_implicit_grads` (one dtype for q, k, v, g,
+    beta before the conversion to float64; dy exactly y's shape)."""
+    inp, dy = _validate(q, k, v, dy, g, beta, a)
     leaves = {}
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        leaves[name] = (
-            None if t is None else check.tensor(name, t).detach().to(F64).requires_grad_(True)
-        )
-    dy = check.tensor("dy", dy, min_ndim=2)
+    for name in ("q", "k", "v", "g", "beta"):
+        t = getattr(inp, name)
+        leaves[name] = None if t is None else t.detach().to(F64).requires_grad_(True)
     with torch.enable_grad():
         y, info = gka_layer(
             leaves["q"],

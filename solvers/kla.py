@@ -19,7 +19,9 @@ Layout (as flash-linear-attention): ``q, k (..., T, H, d_k)``, ``v (..., T, H, d
 ``(..., T, H)`` (per head) or ``(..., T, H, d_k)`` (per channel), ``eta (..., T, H)``, states
 ``(..., H, d_k, d_v)``, outputs ``(..., T, H, d_v)``. The chunk-level helpers (``kla_chunk_system``,
 ``forward_substitution``, ``kla_chunk_outputs``, ``wy_representation``, ``wy_matrices``) take one
-chunk with time second to last: ``k (..., C, d_k)``, ``alpha (..., C)`` or ``(..., C, d_k)``.
+chunk with time second to last: ``k (..., C, d_k)``, ``alpha (..., C)`` or ``(..., C, d_k)``;
+their batch dimensions broadcast, rows and feature sizes must match. An empty chunk (C = 0)
+gives empty results (and ``S_out = S_0``).
 
 Inputs: alpha and eta are rounded once to the working dtype (the inputs "as rounded"); eps to
 the compute dtype. ``0 < alpha <= 1`` and ``eta >= 0``; for KLA, ``0 <= eta <= 2`` makes every
@@ -168,11 +170,15 @@ def kla_chunk_system(k, v, beta, alpha, initial_state, *, bf16_mode: str = "stor
     ``L = B (A^- . K K^T)`` (strictly lower, ``(..., C, C)``) and ``R = B (V - D_gamma K S_0)``
     ``(..., C, d_v)``, both in the compute dtype; ``(I + L) U = R``.
 
-    ``k (..., C, d_k)``, ``v (..., C, d_v)``, ``beta (..., C)`` (e.g. :func:`kaczmarz_coefficient`),
-    ``alpha (..., C)`` or ``(..., C, d_k)`` (per channel), ``initial_state (..., d_k, d_v)``.
+    ``k (..., C, d_k)``, ``v (..., C, d_v)`` of k's dtype, ``beta (..., C)`` in k's dtype or the
+    compute dtype (e.g. :func:`kaczmarz_coefficient`), ``alpha (..., C)`` or ``(..., C, d_k)``
+    (per channel), ``initial_state (..., d_k, d_v)`` of k's dtype or None (zeros, as
+    :func:`kla_recurrent`).
     """
-    ar, k, v, decay, S0 = _chunk_args(k, v, alpha, initial_state, bf16_mode)
-    return _chunk_system(k, v, ar.up(_chunk_beta(beta, k)), decay, S0, ar)
+    ar, k, decay = _chunk_args(k, alpha, bf16_mode)
+    v = _chunk_rows("v", v, k)
+    S0 = _chunk_state(initial_state, k, v.shape[-1], v.shape[:-2])
+    return _chunk_system(k, v, ar.up(_chunk_beta(beta, k, ar)), decay, S0, ar)
 
 
 def forward_substitution(L, R, *, dtype=None, bf16_mode: str = "storage"):
@@ -186,6 +192,7 @@ def forward_substitution(L, R, *, dtype=None, bf16_mode: str = "storage"):
     """
     L = check.square_matrix("L", L)
     R = check.tensor("R", R, min_ndim=2)
+    check.same_kind("L", L, "R", R)  # both come from kla_chunk_system in one dtype
     if R.shape[-2] != L.shape[-1]:
         raise ValueError(
             f"R has {R.shape[-2]} rows but L is {L.shape[-2]}x{L.shape[-1]}; (I + L) U = R needs as many"
@@ -202,10 +209,19 @@ def kla_chunk_outputs(
     """Chunk outputs and outgoing state of KLA Prop. 4 (eqs. (8)-(9)) from the solution U of
     Prop. 3: ``O = D_gamma Q S_0 + (A . Q K^T) U`` (row i divided by ``||q_i||`` when
     ``normalize_queries``) and ``S_out = gamma_C S_0 + K^T Diag(gamma_C / gamma_j) U``.
-    Shapes as :func:`kla_chunk_system`; returns ``(O (..., C, d_v), S_out (..., d_k, d_v))``.
+    Shapes as :func:`kla_chunk_system`: ``q (..., C, d_k)`` of k's dtype, ``U (..., C, d_v)`` in
+    k's dtype or the compute dtype (as :func:`forward_substitution` returns it); returns
+    ``(O (..., C, d_v), S_out (..., d_k, d_v))``. A zero query with ``normalize_queries`` is a
+    ValueError, as in :func:`kla_recurrent`.
     """
-    ar, k, _, decay, S0 = _chunk_args(k, None, alpha, initial_state, bf16_mode)
-    q = check.tensor("q", q, min_ndim=2)
+    ar, k, decay = _chunk_args(k, alpha, bf16_mode)
+    q = _chunk_rows("q", q, k, width=k.shape[-1])
+    U = _chunk_rows("U", U, k, compute=ar)
+    if not isinstance(normalize_queries, bool):
+        raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
+    S0 = _chunk_state(initial_state, k, U.shape[-1], U.shape[:-2], q.shape[:-2])
+    if normalize_queries:
+        _check_queries(q, ar, chunk=True)
     return _chunk_outputs(q, k, U, decay, S0, normalize_queries, ar)
 
 
@@ -223,8 +239,9 @@ def wy_representation(k, v, beta, alpha, *, bf16_mode: str = "storage"):
     :func:`kla_chunk_system`; returns ``(W (..., C, d_k), U (..., C, d_v))`` in the working dtype.
     Both recurrences are the same triangular system as Prop. 3 with other right-hand sides.
     """
-    ar, k, v, decay, _ = _chunk_args(k, v, alpha, None, bf16_mode)
-    b = ar.up(_chunk_beta(beta, k)).unsqueeze(-1)
+    ar, k, decay = _chunk_args(k, alpha, bf16_mode)
+    v = _chunk_rows("v", v, k)
+    b = ar.up(_chunk_beta(beta, k, ar)).unsqueeze(-1)
     L = b * _decayed_gram(k, k, decay, ar, strict=True)
     W = _forward_substitution(L, b * _scale_rows(k, decay.gamma(), ar), ar)
     U = _forward_substitution(L, b * ar.up(v), ar)
@@ -233,9 +250,18 @@ def wy_representation(k, v, beta, alpha, *, bf16_mode: str = "storage"):
 
 def wy_matrices(k, W, U, alpha, *, bf16_mode: str = "storage"):
     """``P_i (..., C, d_k, d_k)`` and ``H_i (..., C, d_k, d_v)`` of Props. 5-6 from the WY
-    auxiliaries of :func:`wy_representation` (compute dtype), for i = 1..C."""
-    ar, k, _, decay, _ = _chunk_args(k, None, alpha, None, bf16_mode)
-    d_k = k.shape[-1]
+    auxiliaries ``W (..., C, d_k)``, ``U (..., C, d_v)`` of :func:`wy_representation` (compute
+    dtype), for i = 1..C; C = 0 gives empty ``(..., 0, d_k, d_k)`` and ``(..., 0, d_k, d_v)``."""
+    ar, k, decay = _chunk_args(k, alpha, bf16_mode)
+    W = _chunk_rows("W", W, k, width=k.shape[-1], compute=ar)
+    U = _chunk_rows("U", U, k, compute=ar)
+    d_k, d_v = k.shape[-1], U.shape[-1]
+    batch = check.batch_shape("k, W and U", k.shape[:-2], W.shape[:-2], U.shape[:-2])
+    if k.shape[-2] == 0:
+        return (
+            torch.zeros(*batch, 0, d_k, d_k, dtype=ar.compute, device=k.device),
+            torch.zeros(*batch, 0, d_k, d_v, dtype=ar.compute, device=k.device),
+        )
     eye = torch.eye(d_k, dtype=ar.compute, device=k.device).expand(*k.shape[:-2], d_k, d_k)
     Ps, Hs = [], []
     for i in range(k.shape[-2]):
@@ -307,7 +333,8 @@ def _prepare(
                 f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {d_v}), got {tuple(S0.shape)}"
             )
         try:
-            S0 = S0.expand(*lead, H, d_k, d_v)
+            # a copy: with T = 0 the final state is S_0, which must not alias the caller's tensor
+            S0 = S0.expand(*lead, H, d_k, d_v).clone()
         except RuntimeError:
             raise ValueError(
                 f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
@@ -383,13 +410,19 @@ def _check_range(name, x, *, low, low_open, high=None):
         )
 
 
-def _check_queries(q: torch.Tensor, ar: Arith) -> None:
-    norms = ar.norm(q)
-    if q.numel() and not bool((norms > 0).all()):
+def _check_queries(q: torch.Tensor, ar: Arith, *, chunk: bool = False) -> None:
+    """No query of norm 0: ``q (..., H, T, d_k)``, or one chunk ``(..., C, d_k)`` if ``chunk``."""
+    norms = ar.norm(q)  # (..., T): with d_k = 0 every query has norm 0 (q has no entries)
+    if norms.numel() and not bool((norms > 0).all()):
         where = tuple(int(i) for i in (~(norms > 0)).nonzero()[0])
+        at = (
+            f"row {where[-1]}, batch index {where[:-1]}"
+            if chunk
+            else f"head {where[-2]}, token {where[-1]}, batch index {where[:-2]}"
+        )
         raise ValueError(
-            f"q has a query of norm 0 in {ar.compute} (head {where[-2]}, token {where[-1]}, batch index "
-            f"{where[:-2]}): o_t = S_t^T q_t / ||q_t|| is undefined; pass normalize_queries=False"
+            f"q has a query of norm 0 in {ar.compute} ({at}): o_t = S_t^T q_t / ||q_t|| is "
+            "undefined; pass normalize_queries=False"
         )
 
 
@@ -496,25 +529,64 @@ class _ChunkDecay:
         return torch.exp(torch.where(mask, diff, torch.full_like(diff, float("-inf"))))
 
 
-def _chunk_args(k, v, alpha, S0, bf16_mode):
+def _chunk_args(k, alpha, bf16_mode):
     k = check.tensor("k", k, min_ndim=2)
     ar = Arith(k.dtype, check.bf16_mode(bf16_mode))
-    if v is not None:
-        v = check.tensor("v", v, min_ndim=2)
-        if v.shape[-2] != k.shape[-2]:
-            raise ValueError(
-                f"v has {v.shape[-2]} rows but k has {k.shape[-2]} (one per token of the chunk)"
-            )
     alpha_t, per_channel = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, k)
     _check_range("alpha", alpha_t, low=0.0, low_open=True, high=1.0)
-    if S0 is not None:
-        S0 = check.tensor("initial_state", S0, min_ndim=2)
-    return ar, k, v, _ChunkDecay.of(alpha_t, per_channel, ar), S0
+    return ar, k, _ChunkDecay.of(alpha_t, per_channel, ar)
 
 
-def _chunk_beta(beta, k: torch.Tensor) -> torch.Tensor:
+def _same_kind_or_compute(name: str, x: torch.Tensor, k: torch.Tensor, ar: Arith) -> None:
+    """k's dtype, or the compute dtype the helpers return (fp32 beta and U for bf16 storage)."""
+    if x.dtype != k.dtype and x.dtype != ar.compute:
+        raise TypeError(
+            f"{name} has dtype {x.dtype} but k has {k.dtype}; it must be {k.dtype} or the "
+            f"compute dtype {ar.compute}"
+        )
+    if x.device != k.device:
+        raise ValueError(f"{name} is on {x.device} but k is on {k.device}; they must match")
+
+
+def _chunk_rows(name: str, x, k: torch.Tensor, *, width=None, compute: Arith = None):
+    """A per-token tensor of the chunk ``(..., C, width)``: k's dtype (or, given ``compute``,
+    the compute dtype too), k's C rows, a batch that broadcasts with k's."""
+    x = check.tensor(name, x, min_ndim=2)
+    if compute is None:
+        check.same_kind(name, x, "k", k)
+    else:
+        _same_kind_or_compute(name, x, k, compute)
+    if x.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{name} has {x.shape[-2]} rows but k has {k.shape[-2]} (one per token of the chunk)"
+        )
+    if width is not None and x.shape[-1] != width:
+        raise ValueError(f"{name} must be (..., C, {width}) like k, got {tuple(x.shape)}")
+    check.batch_shape(f"k and {name}", k.shape[:-2], x.shape[:-2])
+    return x
+
+
+def _chunk_state(S0, k: torch.Tensor, d_v: int, *batches) -> torch.Tensor:
+    """``initial_state (..., d_k, d_v)`` of k's dtype, batch broadcast with the chunk's; None is
+    zeros (as :func:`kla_recurrent`)."""
+    d_k = k.shape[-1]
+    batch = check.batch_shape("k and the chunk's other inputs", k.shape[:-2], *batches)
+    if S0 is None:
+        return torch.zeros(*batch, d_k, d_v, dtype=k.dtype, device=k.device)
+    S0 = check.tensor("initial_state", S0, min_ndim=2)
+    check.same_kind("initial_state", S0, "k", k)
+    if S0.shape[-2:] != (d_k, d_v):
+        raise ValueError(
+            f"initial_state must be (..., d_k, d_v) = (..., {d_k}, {d_v}), got {tuple(S0.shape)}"
+        )
+    check.batch_shape("initial_state and the chunk", S0.shape[:-2], batch)
+    return S0
+
+
+def _chunk_beta(beta, k: torch.Tensor, ar: Arith) -> torch.Tensor:
     """``beta (..., C)``: one coefficient per token of the chunk ``k (..., C, d_k)``."""
     beta = check.tensor("beta", beta, min_ndim=1)
+    _same_kind_or_compute("beta", beta, k, ar)
     tokens = k.shape[:-1]
     if (
         beta.shape[-1] != tokens[-1]
@@ -565,7 +637,7 @@ def _forward_substitution(L, R, ar: Arith) -> torch.Tensor:
             acc = acc - ar.rmatvec(torch.stack(rows, -2), L[..., i, :i])
         rows.append(ar.store(acc))
     if not rows:
-        return R.to(ar.dtype)
+        return R.to(ar.dtype, copy=True)  # C = 0: never R itself
     return torch.stack(rows, -2)
 
 
@@ -573,6 +645,16 @@ def _chunk_outputs(Q, K, U, decay: _ChunkDecay, S0, normalize: bool, ar: Arith):
     """Prop. 4: ``O = D_gamma Q S_0 + (A . Q K^T) U`` (row-normalised by ``||q_i||``) and
     ``S_out = gamma_C S_0 + K^T Diag(gamma_C / gamma_j) U``, both stored in the working dtype."""
     C = K.shape[-2]
+    if C == 0:  # an empty chunk: no outputs; the empty decay product is 1, so S_out = S_0
+        batch = torch.broadcast_shapes(K.shape[:-2], U.shape[:-2], S0.shape[:-2])
+        O = torch.zeros(
+            *torch.broadcast_shapes(batch, Q.shape[:-2]),
+            0,
+            U.shape[-1],
+            dtype=ar.dtype,
+            device=K.device,
+        )
+        return O, ar.store(ar.up(S0)).expand(*batch, *S0.shape[-2:]).clone()
     O = ar.matmul(_scale_rows(Q, decay.gamma(), ar), S0) + ar.matmul(
         _decayed_gram(Q, K, decay, ar, strict=False), U
     )

@@ -141,18 +141,28 @@ def _check_data(z, v, mask):
     return z, v, mask, batch
 
 
-def _check_mask(mask, z: torch.Tensor) -> torch.Tensor:
+def _mask_tensor(mask) -> torch.Tensor:
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-    if mask.ndim < 1 or mask.shape[-1] != z.shape[-2]:
-        raise ValueError(
-            f"mask must have shape (..., T) with T = {z.shape[-2]}, got {tuple(mask.shape)}"
-        )
+    return mask
+
+
+def _mask_bool(mask: torch.Tensor) -> torch.Tensor:
+    """A bool or 0/1 mask as bool (shared by the statistics and the stream, so 0.5 is refused by both)."""
     if mask.dtype != torch.bool:
         if mask.is_complex() or not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must be boolean or hold only 0 and 1")
         mask = mask != 0
-    return mask.to(z.device)
+    return mask
+
+
+def _check_mask(mask, z: torch.Tensor) -> torch.Tensor:
+    mask = _mask_tensor(mask)
+    if mask.ndim < 1 or mask.shape[-1] != z.shape[-2]:
+        raise ValueError(
+            f"mask must have shape (..., T) with T = {z.shape[-2]}, got {tuple(mask.shape)}"
+        )
+    return _mask_bool(mask).to(z.device)
 
 
 def _check_eps(eps) -> float:
@@ -170,6 +180,39 @@ def _scale_for(z: torch.Tensor, scale, batch) -> torch.Tensor:
     if m.numel() and not bool((m > 0).all()):
         raise ValueError(f"scale must be > 0, got min {float(m.min())}")
     return m
+
+
+def _check_held_scale(ar: Arith, m: torch.Tensor) -> None:
+    """``m`` as the computation holds it (``Arith.scalar``): a positive float64 scale can still
+    round to 0 or inf in float32 (1e-40, 1e39), and z / m is then inf or 0."""
+    held = ar.scalar(m)
+    if held.numel() and not bool((torch.isfinite(held) & (held > 0)).all()):
+        raise ValueError(
+            f"scale (min {float(m.min()):.3g}, max {float(m.max()):.3g}) rounds to 0 or inf in "
+            f"{ar.compute}: z / scale is undefined; use a scale the working precision holds"
+        )
+
+
+def _normalized_keys(ar: Arith, z: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``z^ = z / m`` (eq. (3)), refused when it overflows (a scale far below the keys' norms)."""
+    _check_held_scale(ar, m)
+    Z = _normalize(ar, z, m)
+    if Z.numel() and not bool(torch.isfinite(Z).all()):
+        raise ValueError(
+            f"z / scale overflows {ar.dtype} (scale min {float(m.min()):.3g}): the scale is too "
+            "small for these keys; pass a larger scale (or scale=None for the sequence max)"
+        )
+    return Z
+
+
+def _check_statistics_finite(ar: Arith, *stats: torch.Tensor) -> None:
+    """G~, M, C_v as stored: finite z^ can still overflow in the sums (z^ ~ 1e20 in float32)."""
+    for x in stats:
+        if x.numel() and not bool(torch.isfinite(x).all()):
+            raise ValueError(
+                f"the statistics G~, M, C_v overflow {ar.dtype}: z / scale (or v) is too large; "
+                "pass a larger scale or rescale v"
+            )
 
 
 def _raw_statistics(ar: Arith, Z: torch.Tensor, V: torch.Tensor, w: torch.Tensor, eps: float):
@@ -213,10 +256,9 @@ def koopman_statistics(
     ar = Arith(z.dtype, bf16_mode)
     m = _scale_for(z, scale, batch)
     w = mask if mask is not None else torch.ones(z.shape[:-1], dtype=torch.bool, device=z.device)
-    G, M, Cv = _raw_statistics(ar, _normalize(ar, z, m), v, w, eps)
-    return KoopmanStatistics(
-        ar.store(G), ar.store(M), ar.store(Cv), m.expand(batch), eps, bf16_mode
-    )
+    G, M, Cv = (ar.store(x) for x in _raw_statistics(ar, _normalized_keys(ar, z, m), v, w, eps))
+    _check_statistics_finite(ar, G, M, Cv)
+    return KoopmanStatistics(G, M, Cv, m.expand(batch), eps, bf16_mode)
 
 
 def chunk_causal_statistics(
@@ -245,7 +287,8 @@ def chunk_causal_statistics(
     T, r, P = z.shape[-2], z.shape[-1], v.shape[-1]
     C = -(-T // S)
     pad = C * S - T  # zero keys and values add exact zeros to every sum
-    Z = torch.nn.functional.pad(_normalize(ar, z, m), (0, 0, 0, pad)).reshape(*batch, C, S, r)
+    Z = torch.nn.functional.pad(_normalized_keys(ar, z, m), (0, 0, 0, pad))
+    Z = Z.reshape(*batch, C, S, r)
     V = torch.nn.functional.pad(v, (0, 0, 0, pad)).reshape(*batch, C, S, P)
     zero_rr = torch.zeros(*batch, C, r, r, dtype=ar.compute, device=z.device)
     G_c = _accumulate(ar, zero_rr, Z, Z)
@@ -259,7 +302,9 @@ def chunk_causal_statistics(
     M = _exclusive_prefix(torch.zeros(*batch, r, r, dtype=ar.compute, device=z.device), M_c)
     Cv = _exclusive_prefix(torch.zeros(*batch, P, r, dtype=ar.compute, device=z.device), Cv_c)
     scale_c = m.unsqueeze(-1).expand(*batch, C)
-    return KoopmanStatistics(ar.store(G), ar.store(M), ar.store(Cv), scale_c, eps, bf16_mode)
+    G, M, Cv = ar.store(G), ar.store(M), ar.store(Cv)
+    _check_statistics_finite(ar, G, M, Cv)
+    return KoopmanStatistics(G, M, Cv, scale_c, eps, bf16_mode)
 
 
 def _exclusive_prefix(init: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
@@ -299,8 +344,9 @@ class KoopmanStream:
         batch_shape=(),
         device=None,
     ):
-        r = check.count("r", r, minimum=1)
-        P = check.count("P", P, minimum=1)
+        # r = 0 or P = 0 as koopman_statistics allows them: empty statistics, every readout 0.
+        r = check.count("r", r)
+        P = check.count("P", P)
         eps = _check_eps(eps)
         check.bf16_mode(bf16_mode)
         self.arith = Arith(dtype, bf16_mode)
@@ -309,6 +355,7 @@ class KoopmanStream:
         self.scale = check.parameter("scale", scale, batch, device or "cpu")
         if self.scale.numel() and not bool((self.scale > 0).all()):
             raise ValueError(f"scale must be > 0, got min {float(self.scale.min())}")
+        _check_held_scale(self.arith, self.scale)
         ar = self.arith
         eye = torch.eye(r, dtype=ar.compute, device=device)
         self.G = (ar.scalar(eps) * eye).expand(*batch, r, r).clone()
@@ -343,8 +390,9 @@ class KoopmanStream:
             if mask is not None
             else torch.ones(z.shape[:-1], dtype=torch.bool, device=z.device)
         )
-        Z = _normalize(ar, z, stream.scale)
+        Z = _normalized_keys(ar, z, stream.scale)
         stream.G, stream.M, stream.Cv = _raw_statistics(ar, Z, v, w, stream.eps)
+        _check_statistics_finite(ar, *(ar.store(x) for x in (stream.G, stream.M, stream.Cv)))
         if z.shape[-2]:
             stream.z_prev = Z[..., -1, :].clone()
             stream.has_prev = w[..., -1].clone()
@@ -378,17 +426,25 @@ class KoopmanStream:
             ) from None
         w = torch.ones(batch, dtype=torch.bool, device=z_t.device)
         if mask is not None:
-            if not isinstance(mask, torch.Tensor):
-                raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
-            w = torch.broadcast_to(mask.to(torch.bool), batch)
-        zh = _normalize(ar, z_t.unsqueeze(-2), self.scale).squeeze(-2) * w.to(ar.dtype).unsqueeze(
-            -1
-        )
+            # the same values as koopman_statistics accepts (0.5 is not True)
+            mask = _mask_bool(_mask_tensor(mask)).to(z_t.device)
+            try:
+                w = torch.broadcast_to(mask, batch)
+            except RuntimeError:
+                raise ValueError(
+                    f"mask must have the stream's batch shape {tuple(batch)} (or broadcast to "
+                    f"it), got {tuple(mask.shape)}"
+                ) from None
+        zh = _normalized_keys(ar, z_t.unsqueeze(-2), self.scale).squeeze(-2)
+        zh = zh * w.to(ar.dtype).unsqueeze(-1)
         pair = (w & self.has_prev).to(ar.dtype).unsqueeze(-1)
         zc, vc = ar.up(zh), ar.up(v_t * w.to(ar.dtype).unsqueeze(-1))
-        self.G = self.G + zc[..., :, None] * zc[..., None, :]
-        self.M = self.M + (zc * pair)[..., :, None] * ar.up(self.z_prev)[..., None, :]
-        self.Cv = self.Cv + vc[..., :, None] * zc[..., None, :]
+        G = self.G + zc[..., :, None] * zc[..., None, :]
+        M = self.M + (zc * pair)[..., :, None] * ar.up(self.z_prev)[..., None, :]
+        Cv = self.Cv + vc[..., :, None] * zc[..., None, :]
+        # checked before anything is assigned: a refused token leaves the stream as it was
+        _check_statistics_finite(ar, *(ar.store(x) for x in (G, M, Cv)))
+        self.G, self.M, self.Cv = G, M, Cv
         self.z_prev = torch.where(w.unsqueeze(-1), zh, self.z_prev)
         self.has_prev = w
         self.tokens += 1
@@ -405,6 +461,7 @@ class KoopmanStream:
         new = check.parameter("scale", scale, self.scale.shape, self.scale.device)
         if new.numel() and not bool((new > 0).all()):
             raise ValueError(f"scale must be > 0, got min {float(new.min())}")
+        _check_held_scale(ar, new)
         rho = ar.scalar(self.scale / new)
         r = self.G.shape[-1]
         eye = ar.scalar(self.eps) * torch.eye(r, dtype=ar.compute, device=self.G.device)
@@ -461,6 +518,41 @@ def value_map(Cv, L, *, bf16_mode: str = "storage"):
     return solve_upper(Lb.mT, Yt, bf16_mode=bf16_mode)  # row p: Z[:, p] = B_v[p, :]
 
 
+def _pow2_exponent(m: torch.Tensor) -> torch.Tensor:
+    """``e`` with ``m / 2^e`` in [1/2, 1) (0 for m = 0), per entry of ``m >= 0``."""
+    return torch.frexp(m.to(torch.float64)).exponent
+
+
+def _times_pow2(x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """``x * 2^n`` (``n`` integral, broadcast), exact unless the result leaves ``x.dtype``'s range.
+
+    Applied in float64 in steps of at most ``2^512`` so that no factor overflows on the way
+    (float64 exponents span 2^-1074 .. 2^1023)."""
+    out, n = x.to(torch.float64), n.to(torch.float64)
+    while bool((n != 0).any()):
+        step = n.clamp(-512, 512)
+        out, n = out * torch.exp2(step), n - step
+    return out.to(x.dtype)
+
+
+def _check_v0(v0, A: torch.Tensor):
+    """The power iteration's start: None or a nonzero ``(..., r)`` broadcast to A's batch."""
+    if v0 is None:
+        return None
+    v0 = check.rhs("v0", v0, "A", A)
+    if check.batch_shape("A and v0", A.shape[:-2], v0.shape[:-1]) != A.shape[:-2]:
+        raise ValueError(
+            f"v0 has batch shape {tuple(v0.shape[:-1])}, which does not broadcast to A's "
+            f"{tuple(A.shape[:-2])}"
+        )
+    if v0.numel() and bool((v0 == 0).all(-1).any()):
+        raise ValueError(
+            "v0 must be nonzero in every system: power iteration from v0 = 0 stays at 0 "
+            "(a sigma_max estimate of 0)"
+        )
+    return v0
+
+
 def _unit(ar: Arith, x: torch.Tensor) -> torch.Tensor:
     """``x / ||x||`` stored; a zero vector stays zero (its sigma estimate is then 0, not NaN)."""
     nrm = ar.norm(x)
@@ -480,25 +572,37 @@ def power_sigma_max(
     singular vector, ``sigma_max / estimate <= sqrt(1 + tan^2 theta_0 (s_2/s_1)^{4k})``
     (``analysis.references.koopman.power_ratio_bound``).
 
-    Returns the estimate per system (``batch``-shaped) in the compute dtype.
+    ``v0``: None or a nonzero ``(..., r)`` tensor of A's dtype, broadcast to A's batch.
+
+    Returns the estimate per system (``batch``-shaped) in the compute dtype (inf only where
+    sigma_max itself exceeds that dtype's range).
     """
     A = check.square_matrix("A", A)
     iters = check.count("iters", iters)
     check.bf16_mode(bf16_mode)
+    v0 = _check_v0(v0, A)
     ar = Arith(A.dtype, bf16_mode)
     r = A.shape[-1]
+    if r == 0:
+        return torch.zeros(A.shape[:-2], dtype=ar.compute, device=A.device)
+    # A (and v0) scaled by powers of two so that their largest entries lie in [1/2, 1): exact,
+    # so every rounding of the iteration is the unscaled one's, but A v and ||A v||^2 can no
+    # longer overflow (A ~ 1e30 in float32 gave sigma = 0) or underflow on the way.
+    e = _pow2_exponent(A.abs().amax((-2, -1)))
+    A = _times_pow2(A, -e[..., None, None])
     if v0 is None:
         v = ar.store(
-            torch.full(
-                A.shape[:-1], 1.0 / math.sqrt(r) if r else 0.0, dtype=torch.float64, device=A.device
-            )
+            torch.full(A.shape[:-1], 1.0 / math.sqrt(r), dtype=torch.float64, device=A.device)
         )
     else:
-        v = check.rhs("v0", v0, "A", A).expand(A.shape[:-1])
+        ev = _pow2_exponent(v0.abs().amax(-1))
+        v = _times_pow2(v0, -ev[..., None]).expand(A.shape[:-1])
+        if iters == 0:  # the estimate is ||A v0||: v0's scale stays in it
+            e = e + ev
     for _ in range(iters):
         u = _unit(ar, ar.matvec(A, v))
         v = _unit(ar, ar.rmatvec(A, u))
-    return ar.norm(ar.store(ar.matvec(A, v)))
+    return _times_pow2(ar.norm(ar.store(ar.matvec(A, v))), e)
 
 
 def _gamma(gamma, batch, device) -> torch.Tensor:
@@ -543,8 +647,11 @@ def spectral_normalize(
     """
     A = check.square_matrix("A", A)
     check.bf16_mode(bf16_mode)
-    if sigma not in ("power", "exact"):
+    if not isinstance(sigma, str) or sigma not in ("power", "exact"):
         raise ValueError(f"sigma must be 'power' or 'exact', got {sigma!r}")
+    # Checked whichever sigma is used: an option that is wrong is wrong for both.
+    iters = check.count("iters", iters)
+    _check_v0(v0, A)
     ar = Arith(A.dtype, bf16_mode)
     g = ar.scalar(_gamma(gamma, A.shape[:-2], A.device))
     if A.shape[-1]:
@@ -555,6 +662,12 @@ def spectral_normalize(
         s = power_sigma_max(A, iters=iters, v0=v0, bf16_mode=bf16_mode)
     else:
         s = ar.scalar(exact)
+    if s.numel() and not bool(torch.isfinite(s).all()):
+        # the factor gamma / sigma would round to 0 and A' = 0: no operator, not a normalised one
+        raise ValueError(
+            f"A has sigma_max {float(exact.max()):.3g}, which overflows {ar.compute}: "
+            "A' = gamma A / sigma_max cannot be formed; rescale A"
+        )
     factor = g / torch.clamp(s, min=1.0)
     out = ar.store(ar.up(A) * factor[..., None, None])
     if not return_info:

@@ -90,6 +90,10 @@ def fig1a_problems(
     for name, n in (("B", B), ("T", T), ("heads", heads), ("D", D)):
         check.count(name, n, minimum=1)
     a = check.ridge_strength(a)
+    # torch.Generator.manual_seed's range; a wrong type is named here, not deep inside torch
+    seed = check.count("seed", seed, minimum=-(2**63))
+    if seed >= 2**64:
+        raise ValueError(f"seed must be < 2**64, got {seed}")
     g = torch.Generator(device="cpu").manual_seed(seed)
     k = torch.randn(B, T, heads, D, generator=g, dtype=torch.float64)
     q = torch.randn(B, T, heads, D, generator=g, dtype=torch.float64)

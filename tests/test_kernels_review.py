@@ -99,3 +99,14 @@ def test_cg_kernel_empty_systems_and_callback_type():
     assert (info.system_status == Status.CONVERGED).all()
     with pytest.raises(TypeError, match="callback must be callable"):
         kernels.cg(torch.eye(2, device=DEVICE), torch.ones(2, device=DEVICE), iters=1, callback=3)
+
+
+def test_koopman_zero_v0_and_overflowing_frobenius_norm_as_the_references():
+    st, zq = koopman_case()
+    for readout in (kernels.koopman_readout, solvers.koopman_readout):
+        with pytest.raises(ValueError, match="v0 must be nonzero in every system"):
+            readout(st, zq, v0=torch.zeros(5, device=DEVICE))
+    k = torch.randn(1, 8, 4, device=DEVICE) * 1e19  # finite keys, ||H_t||_F overflows float32
+    for frobenius in (kernels.chunkwise_frobenius, solvers.chunkwise_frobenius):
+        with pytest.raises(ValueError, match="overflows float32"):
+            frobenius(k, chunk_size=4)

@@ -5,6 +5,7 @@ second derivatives of the once-differentiable Chebyshev solve."""
 
 import pytest
 import torch
+from kernel_support import DEVICE
 
 import kernels
 import solvers
@@ -97,3 +98,14 @@ def test_chebyshev_solve_has_no_second_derivative():
     (g,) = torch.autograd.grad(x.sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         torch.autograd.grad(g.sum(), q)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_kla_empty_keys_with_normalised_queries_raise_in_reference_and_kernel():
+    # d_k = 0: every query has norm 0, so o_t = S_t^T q_t / ||q_t|| is 0/0 (was a silent NaN)
+    q, k, v = torch.zeros(1, 5, 1, 0), torch.zeros(1, 5, 1, 0), torch.randn(1, 5, 1, 3)
+    for kla in (solvers.kla_recurrent, solvers.kla_chunkwise, kernels.kla_chunkwise):
+        kw = {} if kla is solvers.kla_recurrent else {"chunk_size": 16}
+        dev = DEVICE if kla is kernels.kla_chunkwise else "cpu"
+        with pytest.raises(ValueError, match="query of norm 0"):
+            kla(q.to(dev), k.to(dev), v.to(dev), alpha=0.9, eta=1.0, **kw)
