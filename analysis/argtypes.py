@@ -5,11 +5,14 @@ error reads the same everywhere: one line naming the argument, exit status 2."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
+import pathlib
 import re
 import sys
-from typing import Optional
+import tempfile
+from typing import Iterable, Optional
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -90,6 +93,105 @@ def device(text: str) -> str:
     return text
 
 
+def folder(text: str) -> pathlib.Path:
+    """A folder name; an empty one (``--out ''``, which would mean the current directory) is a
+    usage error naming the value."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder name, got {text!r}")
+    return pathlib.Path(text)
+
+
+class StoreOnce(argparse.Action):
+    """``store``, except that the option given twice with different values is a usage error
+    (argparse would keep the last one silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        marker = f"_{self.dest}_given"
+        before = getattr(namespace, marker, None)
+        if before is not None and before != values:
+            raise argparse.ArgumentError(
+                self, f"given twice with different values: {str(before)!r} and {str(values)!r}"
+            )
+        setattr(namespace, marker, values)
+        setattr(namespace, self.dest, values)
+
+
+def writable_folder(parser: argparse.ArgumentParser, path: pathlib.Path, option: str) -> None:
+    """Create ``path`` and make sure files can be written in it, before any work is done; if not,
+    a usage error (exit 2) naming ``option`` instead of a traceback at the first write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        parser.error(f"argument {option}: cannot write to {str(path)!r}: {reason}")
+
+
+def add_run_options(
+    parser: argparse.ArgumentParser, level: str = "only", default_out=pathlib.Path("reports")
+) -> None:
+    """The options of the main job's commands (``svt``, ``python -m analysis.studies.allowance``):
+    ``--quick``/``--full``, ``--recompute``, ``--out DIR``. ``level`` ``"only"``: a command line of
+    one level; ``"top"``: before a subcommand (dests ``top_quick``, ``top_recompute``,
+    ``top_out``, to be reconciled with the subcommand's own, see ``analysis.cli.merge_levels``);
+    ``"sub"``: after it (absent unless given). Unset ``--quick``/``--full`` is None (the caller
+    decides); ``--out`` given twice with different values or empty is a usage error."""
+    prefix = "top_" if level == "top" else ""
+    unset = argparse.SUPPRESS if level == "sub" else None
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument(
+        "--quick",
+        dest=prefix + "quick",
+        action="store_true",
+        default=unset,
+        help="small problems, seconds per family (default on a machine without a CUDA GPU)",
+    )
+    g.add_argument(
+        "--full",
+        dest=prefix + "quick",
+        action="store_false",
+        default=unset,
+        help="the full problem sets, paper-scale figures (default with a CUDA GPU)",
+    )
+    parser.add_argument(
+        "--recompute",
+        dest=prefix + "recompute",
+        action="store_true",
+        default=argparse.SUPPRESS if level == "sub" else False,
+        help="ignore cached ground truth and figure data and compute them again (default: use the cache)",
+    )
+    parser.add_argument(
+        "--out",
+        dest=prefix + "out",
+        type=folder,
+        action=StoreOnce,
+        default={"top": None, "sub": argparse.SUPPRESS}.get(level, default_out),
+        metavar="DIR",
+        help=f"output folder, created if missing (default: {default_out})",
+    )
+
+
+def settle_run_options(parser: argparse.ArgumentParser, args) -> None:
+    """After :func:`add_run_options`: ``--quick`` unset means quick without a CUDA GPU;
+    ``--recompute`` sets ``SVT_RECOMPUTE=1`` (read by ``analysis.references.iterative``); ``--out``
+    is created and must be writable (else a usage error naming it)."""
+    if args.quick is None:
+        import torch
+
+        args.quick = not torch.cuda.is_available()
+    if args.recompute:
+        os.environ["SVT_RECOMPUTE"] = "1"
+    writable_folder(parser, args.out, "--out")
+
+
+def did_you_mean(wanted: str, choices: Iterable[str], n: int = 3) -> str:
+    """`` (did you mean 'x'?)`` for the choices closest to ``wanted`` (difflib, as
+    ``proofs_check.registry.suggest``), or ``""`` when none is close."""
+    close = difflib.get_close_matches(wanted, sorted(choices), n=n, cutoff=0.5)
+    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+
+
 def interpret_without_gpu(device: Optional[str]) -> Optional[str]:
     """Set TRITON_INTERPRET=1 when a command runs kernels on the CPU, before any kernel module
     imports Triton; returns a warning when Triton was imported already (too late to take effect)."""
@@ -107,10 +209,16 @@ def interpret_without_gpu(device: Optional[str]) -> Optional[str]:
 __all__ = [
     "HelpFormatter",
     "OneLineParser",
+    "StoreOnce",
+    "add_run_options",
     "condition_number",
     "device",
+    "did_you_mean",
+    "folder",
     "interpret_without_gpu",
     "non_negative_int",
     "plain",
     "positive_int",
+    "settle_run_options",
+    "writable_folder",
 ]

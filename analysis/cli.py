@@ -17,8 +17,11 @@ Subcommands (``python -m analysis --help``):
 * ``diff`` -- what changed between two check-kernel reports (``analysis.testing.kernel_diff``);
 * one subcommand per figure module, named by its ``NAME``.
 
-Common flags: ``--quick`` (small problems; the default without a GPU), ``--full``,
-``--recompute`` (ignore cached ground truth and figure data), ``--out DIR`` (default ``reports``).
+Common flags, before or after the command: ``--quick`` (small problems; the default without a
+GPU), ``--full``, ``--recompute`` (ignore cached ground truth and figure data), ``--out DIR``
+(default ``reports``). One given on both sides with different values, an empty ``--out``, or one
+the command does not take (``claims`` takes ``--out`` only, ``check-kernel`` and ``diff`` have
+their own) is a usage error (:func:`merge_levels`).
 Progress goes to stderr as one line per step.
 """
 
@@ -34,19 +37,19 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Optional
 
 from . import verification
-from .argtypes import OneLineParser
+from .argtypes import OneLineParser, add_run_options, settle_run_options
 from .figures import FIGURES
 from .verification import topline
 from .verification.row import VerificationRow, within
 
 DEFAULT_OUT = pathlib.Path("reports")
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"  # the checkout's docs/, if any
 
 
 # -------------------------------------------------------------------------- progress
@@ -310,7 +313,7 @@ def run_claims(argv: list, out_dir: Optional[pathlib.Path]) -> tuple:
             text
             + f"\nAlso: --out DIR (default {DEFAULT_OUT}): the table is saved as DIR/claims/claims.txt.\n",
         )
-    if out_dir is not None:
+    if out_dir is not None and code != 2:  # a usage error leaves the last table in place
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "claims.txt").write_text(text)
     return code, text
@@ -378,14 +381,28 @@ def _cell(v) -> str:
     return ("-" if v is None else str(v)).replace("|", "\\|")
 
 
-def claims_section(claims: Optional[ClaimsOutcome]) -> list:
+def docs_link(name: str, out: pathlib.Path) -> str:
+    """A markdown link to ``docs/<name>`` of this checkout from a file in the folder ``out``,
+    relative so that it resolves wherever ``out`` is (``../docs/<name>`` from ``reports/``); the
+    name alone where the toolkit is installed without its docs."""
+    target = DOCS / name
+    if not target.is_file():
+        return f"docs/{name} (in the toolkit's repository)"
+    try:
+        rel = pathlib.Path(os.path.relpath(target, pathlib.Path(out).resolve())).as_posix()
+    except ValueError:  # on another drive (Windows): no relative path
+        rel = target.as_uri()
+    return f"[docs/{name}]({rel})"
+
+
+def claims_section(claims: Optional[ClaimsOutcome], out: pathlib.Path = DEFAULT_OUT) -> list:
     if claims is None:
         return [UNAVAILABLE]
     n_claims = len({r["claim"] for r in claims.rows})
     lines = [
         f"{len(claims.rows)} runs of {n_claims} claims (`proofs_check.runner`); {claims.mismatches} differ "
         "from the record. Counterexamples: [claims/claims.txt](claims/claims.txt) "
-        "([json](claims/claims.json)); catalogue: [docs/claims.md](../docs/claims.md).",
+        f"([json](claims/claims.json)); catalogue: {docs_link('claims.md', out)}.",
         "",
         "| claim | source | precision | cases | worst | bound | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -467,7 +484,7 @@ def write_report(
         "",
         provenance_line(prov)
         + f" Mode: {'quick' if args.quick else 'full'}; rounding allowance constant "
-        f"c = {ALLOWANCE_C:g} ([docs/precision.md](../docs/precision.md)).",
+        f"c = {ALLOWANCE_C:g} ({docs_link('precision.md', out)}).",
         "",
         "## Summary per solver and precision",
         "",
@@ -490,7 +507,7 @@ def write_report(
         lines.append("No figure modules are registered (analysis/figures/__init__.py FIGURES).")
     for module, files, error in figures:
         lines += figure_section(module, files, error, out)
-    lines += ["## Claims", ""] + claims_section(claims)
+    lines += ["## Claims", ""] + claims_section(claims, out)
     lines += ["", "## Timings", ""] + [f"* {k}: {v:.1f} s" for k, v in timings.items()]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
@@ -511,36 +528,55 @@ def write_report(
 # ------------------------------------------------------------------------------ main
 
 
-def _common(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    d = (lambda v: argparse.SUPPRESS) if suppress else (lambda v: v)
-    g = parser.add_mutually_exclusive_group()
-    g.add_argument(
-        "--quick",
-        dest="quick",
-        action="store_true",
-        default=d(None),
-        help="small problems, seconds per family (default on a machine without a CUDA GPU)",
-    )
-    g.add_argument(
-        "--full",
-        dest="quick",
-        action="store_false",
-        default=d(None),
-        help="the full problem sets, paper-scale figures (default with a CUDA GPU)",
-    )
-    parser.add_argument(
-        "--recompute",
-        action="store_true",
-        default=d(False),
-        help="ignore cached ground truth and figure data and compute them again (default: use the cache)",
-    )
-    parser.add_argument(
-        "--out",
-        type=pathlib.Path,
-        default=d(DEFAULT_OUT),
-        metavar="DIR",
-        help=f"output folder, created if missing (default: {DEFAULT_OUT})",
-    )
+def _common(parser: argparse.ArgumentParser, level: str) -> None:
+    """``--quick``/``--full``, ``--recompute``, ``--out`` (:func:`analysis.argtypes.add_run_options`):
+    ``level`` ``"top"`` before the command (reconciled with the command's own by
+    :func:`merge_levels`), ``"sub"`` after it."""
+    add_run_options(parser, level, DEFAULT_OUT)
+
+
+def merge_levels(parser: argparse.ArgumentParser, args) -> None:
+    """Reconcile the common options given before the command (``top_*``) with the command's own:
+    the same option twice with different values (``--quick gka_omega --full``, ``--out A
+    gka_omega --out B``) is a usage error, as is one the command does not take (``--quick
+    check-kernel``, ``claims --full``); sets ``args.quick``, ``args.recompute``, ``args.out``."""
+    command = args.command
+    top_quick, top_recompute, top_out = args.top_quick, args.top_recompute, args.top_out
+    top_quick_name = {True: "--quick", False: "--full", None: None}[top_quick]
+    if command in ("check-kernel", "diff"):  # their own options, after the command
+        for name in (top_quick_name, "--recompute" if top_recompute else None):
+            if name:
+                parser.error(f"argument {name}: not an option of {command}")
+        if top_out is not None:
+            own = " (its report file is its own --out FILE, after the command)"
+            parser.error(
+                f"argument --out: not an option of {command}"
+                + (own if command == "check-kernel" else "")
+            )
+        return
+    quick = getattr(args, "quick", None)
+    if command == "claims":  # proofs_check.runner's options; of the common ones only --out applies
+        recompute = top_recompute or getattr(args, "recompute", False)
+        names = {True: "--quick", False: "--full", None: None}
+        for name in (top_quick_name, names[quick], "--recompute" if recompute else None):
+            if name:
+                parser.error(
+                    f"argument {name}: not an option of claims ({parser.prog} claims --help lists them)"
+                )
+    if top_quick is not None and quick is not None and top_quick != quick:
+        parser.error(
+            f"argument {'--quick' if quick else '--full'}: not allowed with argument "
+            f"{top_quick_name} (given before {command})"
+        )
+    args.quick = top_quick if quick is None else quick
+    args.recompute = bool(top_recompute or getattr(args, "recompute", False))
+    out = getattr(args, "out", None)
+    if top_out is not None and out is not None and top_out != out:
+        parser.error(
+            f"argument --out: given twice with different values: {str(top_out)!r} before "
+            f"{command} and {str(out)!r} after it"
+        )
+    args.out = out or top_out or DEFAULT_OUT
 
 
 DESCRIPTION = """\
@@ -597,10 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    _common(p, suppress=False)
+    _common(p, "top")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (help_, description) in SUBCOMMANDS.items():
-        _common(sub.add_parser(name, help=help_, description=description), suppress=True)
+        _common(sub.add_parser(name, help=help_, description=description), "sub")
     # no -h of its own: --help and every other argument pass through to proofs_check.runner
     c = sub.add_parser(
         "claims",
@@ -608,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the claim catalogue (proofs_check.runner); its arguments "
         f"pass through ({prog} claims --help lists them)",
     )
-    _common(c, suppress=True)
+    _common(c, "sub")
     from .testing import check_kernel, kernel_diff
 
     check_kernel.add_parser(sub)
@@ -619,24 +655,25 @@ def build_parser() -> argparse.ArgumentParser:
             f"(parameters, summary, provenance) into DIR/figures/; the computed data is cached in "
             f"DIR/figures/_cache/ and reused while the code and parameters are unchanged."
         )
-        _common(
-            sub.add_parser(module.NAME, help=module.HELP, description=description), suppress=True
-        )
+        _common(sub.add_parser(module.NAME, help=module.HELP, description=description), "sub")
     return p
 
 
-def usable_out(parser: argparse.ArgumentParser, out: pathlib.Path) -> None:
-    """Create ``--out`` and make sure files can be written in it, before any work is done; if
-    not, a usage error (exit 2) naming the argument instead of a traceback at the first write."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        reason = e.strerror or type(e).__name__
-        parser.exit(
-            2, f"{parser.prog}: error: argument --out: cannot write to {str(out)!r}: {reason}\n"
-        )
+def prepare(parser: argparse.ArgumentParser, args) -> None:
+    """Settle ``--quick`` (the default without a CUDA GPU) and ``--recompute``, check ``--out``."""
+    if args.quick is None:
+        args.quick = not _cuda_available()
+    settle_run_options(parser, args)
+
+
+def run_allowance(args, progress: Progress) -> int:
+    """``allowance``: the survey, printed and written to ``DIR/allowance.md``."""
+    from .studies import allowance
+
+    md, path = allowance.write_table(args.quick, args.out, progress)
+    progress.done(f"allowance -> {path}")
+    print(md)
+    return 0
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -646,16 +683,13 @@ def main(argv: Optional[list] = None) -> int:
     if extra and args.command != "claims":
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     args.command = args.command or "report"
+    merge_levels(parser, args)
     if args.command in ("check-kernel", "diff"):  # no --out folder, no --quick: their own options
         from .testing import check_kernel, kernel_diff
 
         module = check_kernel if args.command == "check-kernel" else kernel_diff
         return module.run(args, prog=f"{parser.prog} {args.command}")
-    if args.quick is None:
-        args.quick = not _cuda_available()
-    if args.recompute:
-        os.environ["SVT_RECOMPUTE"] = "1"  # read by analysis.references.iterative
-    usable_out(parser, args.out)
+    prepare(parser, args)
     progress = Progress()
 
     if args.command == "verify":
@@ -667,18 +701,12 @@ def main(argv: Optional[list] = None) -> int:
 
     if args.command == "claims":
         code, text = run_claims(extra, args.out / "claims")
-        print(text)
+        if text:  # nothing after a usage error, which went to stderr
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0 if code is None else int(code)
 
     if args.command == "allowance":
-        from .studies import allowance
-
-        results = allowance.survey(quick=args.quick, progress=progress)
-        md = allowance.as_markdown(results)
-        (args.out / "allowance.md").write_text(md)
-        progress.done(f"allowance -> {args.out / 'allowance.md'}")
-        print(md)
-        return 0
+        return run_allowance(args, progress)
 
     modules = {m.NAME: m for m in figure_modules()}
     if args.command in modules:

@@ -12,18 +12,28 @@ finite-precision CG loses orthogonality and lags the mp replay, so its per-itera
 rounding is not small once the replay has converged; its ratio is that of the *final*
 forward error ``||x_hat_r - x*|| / ||x*||`` after ``4 D`` iterations (its attainable accuracy).
 
-Run: ``python -m analysis allowance [--quick]`` (prints the table and writes
-``reports/allowance.{csv,md}``). Ground truth is cached, so a rerun takes seconds.
+Run: ``python -m analysis allowance [--quick] [--out DIR]`` or, the same command line,
+``python -m analysis.studies.allowance [--quick] [--out DIR]`` (prints the table and writes
+``DIR/allowance.md``, ``reports/`` by default). Ground truth is cached, so a rerun takes seconds.
 """
 
 from __future__ import annotations
 
 import math
+import pathlib
+import sys
 from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
+from analysis.argtypes import (
+    HelpFormatter,
+    OneLineParser,
+    add_run_options,
+    plain,
+    settle_run_options,
+)
 from analysis.precision import ALLOWANCE_C, PRECISIONS, allowance_applies, allowance_kappa
 from analysis.references import iterative as gt
 from analysis.testing.strategies.ridge import ridge_system
@@ -89,10 +99,11 @@ class SurveyResult:
     method: str
     precision: str
     worst_ratio: (
-        float  # over the cases where the allowance applies (c kappa (n u_acc + u_store) < 1)
+        float  # over the cases where the allowance applies (c kappa (n u_acc + u_store) < 1);
+        # 0 when there is none or every one measured a rounding of exactly 0; NaN if one was NaN
     )
-    worst_problem: str
-    worst_iterate: int
+    worst_problem: str  # "" when worst_ratio is 0 (no case, or no case with a positive ratio)
+    worst_iterate: int  # -1 when worst_problem is ""
     cases: int
     skipped: (
         int  # allowance does not apply: stored matrix not SPD, or c kappa (n u_acc + u_store) >= 1
@@ -101,6 +112,11 @@ class SurveyResult:
         float  # over the SPD cases with c kappa (...) >= 1 but kappa (n u_acc + u_store) < 1
     )
     beyond_cases: int
+
+
+def _worse(ratio: float, worst: float) -> bool:
+    """``ratio`` replaces ``worst``: larger, or NaN (a non-finite run) where ``worst`` is not."""
+    return not math.isnan(worst) and (math.isnan(ratio) or ratio > worst)
 
 
 def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=None) -> list:
@@ -128,14 +144,15 @@ def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=No
                 )
                 measured = split.forward[-1:] if method == "cg" else split.rounding
                 ratios = measured / unit
-                i = int(torch.argmax(ratios))
+                i = int(torch.argmax(ratios))  # a NaN, if any, is the maximum
+                ratio = float(ratios[i])
                 if not applies:
                     n_beyond += 1
-                    beyond = max(beyond, float(ratios[i]))
+                    beyond = ratio if _worse(ratio, beyond) else beyond
                     continue
                 cases += 1
-                if float(ratios[i]) > worst:
-                    worst, where = float(ratios[i]), P.name
+                if _worse(ratio, worst):
+                    worst, where = ratio, P.name
                     at = iters if method == "cg" else i
             results.append(
                 SurveyResult(
@@ -143,6 +160,17 @@ def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=No
                 )
             )
     return results
+
+
+def _worst_cells(r: SurveyResult) -> tuple:
+    """(worst ratio, margin, problem, iterate) as table cells: with no case to name, a dash and
+    why rather than a placeholder (a 0 ratio, an infinite margin, iterate -1)."""
+    if r.cases == 0:
+        return "-", "-", "none: the allowance applies to no case", "-"
+    if not r.worst_problem:  # every case measured, every rounding exactly 0
+        return "0", "-", f"none: rounding exactly 0 in all {r.cases} cases", "-"
+    margin = ALLOWANCE_C / r.worst_ratio  # NaN for a NaN ratio
+    return f"{r.worst_ratio:.3g}", f"{margin:.3g}", r.worst_problem, str(r.worst_iterate)
 
 
 def as_markdown(results: list) -> str:
@@ -156,12 +184,51 @@ def as_markdown(results: list) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
-        margin = ALLOWANCE_C / r.worst_ratio if r.worst_ratio > 0 else float("inf")
+        worst, margin, problem, iterate = _worst_cells(r)
         lines.append(
-            f"| {r.method} | {r.precision} | {r.worst_ratio:.3g} | {margin:.3g} | {r.worst_problem} | "
-            f"{r.worst_iterate} | {r.cases} | {r.skipped} | {r.beyond_ratio:.3g} | {r.beyond_cases} |"
+            f"| {r.method} | {r.precision} | {worst} | {margin} | {problem} | "
+            f"{iterate} | {r.cases} | {r.skipped} | {r.beyond_ratio:.3g} | {r.beyond_cases} |"
         )
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["SurveyResult", "as_markdown", "survey", "survey_iters", "survey_problems"]
+def write_table(quick: bool, out: pathlib.Path, progress=None) -> tuple:
+    """Run the survey and write its table to ``out/allowance.md``: (the table, the path)."""
+    md = as_markdown(survey(quick=quick, progress=progress))
+    path = pathlib.Path(out) / "allowance.md"
+    path.write_text(md)
+    return md, path
+
+
+def main(argv=None) -> int:
+    """``python -m analysis.studies.allowance``: the command line of ``python -m analysis
+    allowance`` (``--quick``/``--full``, ``--recompute``, ``--out DIR``)."""
+    parser = OneLineParser(
+        prog="python -m analysis.studies.allowance",
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
+    )
+    add_run_options(parser)
+    args = parser.parse_args(argv)
+    settle_run_options(parser, args)
+    md, path = write_table(
+        args.quick, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True)
+    )
+    print(f"allowance -> {path}", file=sys.stderr)
+    print(md)
+    return 0
+
+
+__all__ = [
+    "SurveyResult",
+    "as_markdown",
+    "main",
+    "survey",
+    "survey_iters",
+    "survey_problems",
+    "write_table",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import solvers
-from analysis.argtypes import OneLineParser
+from analysis.argtypes import HelpFormatter, OneLineParser, plain, positive_int
 from analysis.precision import rounding_allowance
 from analysis.references.iterative import exact_solution, replay
 from analysis.testing.strategies.spd import spd_system
@@ -122,12 +122,14 @@ def as_row(a: Agreement) -> str:
 
 
 def main(argv=None) -> int:
-    parser = OneLineParser(prog="python -m analysis.studies.cg_agreement", description=__doc__)
+    parser = OneLineParser(
+        prog="python -m analysis.studies.cg_agreement",
+        description=plain(__doc__),
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="D = 8, kappa = 50 only")
-    parser.add_argument("--seeds", type=int, default=4, help="seeds per (D, kappa)")
+    parser.add_argument("--seeds", type=positive_int, default=4, help="seeds per (D, kappa)")
     args = parser.parse_args(argv)
-    if args.seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {args.seeds}")
     try:
         import scipy.sparse.linalg  # noqa: F401
     except ImportError:

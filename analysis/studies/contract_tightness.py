@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from analysis.argtypes import OneLineParser, non_negative_int, positive_int
+from analysis.argtypes import HelpFormatter, OneLineParser, non_negative_int, positive_int
 from analysis.bounds.contract import _schedule, linear_bound
 
 CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
@@ -288,11 +288,20 @@ def _perturbed_run(A, q, *, L, mu, iters: int, store=None, operand=None):
 
 def main(argv=None) -> int:
     ap = OneLineParser(
-        prog="python -m analysis.studies.contract_tightness", description=__doc__.splitlines()[0]
+        prog="python -m analysis.studies.contract_tightness",
+        description=__doc__.splitlines()[0],
+        formatter_class=HelpFormatter,
     )
-    ap.add_argument("--D", type=positive_int, default=128)
-    ap.add_argument("--iters", type=positive_int, default=30)
-    ap.add_argument("--systems", type=positive_int, default=32)
+    ap.add_argument("--D", type=positive_int, default=128, help="system size D")
+    ap.add_argument(
+        "--iters", type=positive_int, default=30, help="Chebyshev iterations r of every run"
+    )
+    ap.add_argument(
+        "--systems",
+        type=positive_int,
+        default=32,
+        help="systems per problem family (the quantiles are over these)",
+    )
     ap.add_argument(
         "--flips",
         type=non_negative_int,

@@ -185,13 +185,20 @@ def load_kernel(spec: str):
         except Exception as e:  # noqa: BLE001 - the user's file, reported in one line
             del sys.modules[name]
             raise UsageError("KERNEL", f"cannot import {mod!r}: {type(e).__name__}: {e}") from None
-        mod = name
-    elif "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as python -m: the current directory's modules first
+        internal, mod = name, f"{name}:{attr}"
+    else:
+        internal = None
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as python -m: the current directory's modules first
+        mod = f"{mod}:{attr}"
     try:
-        return harness().load(f"{mod}:{attr}")
+        return harness().load(mod)
     except ValueError as e:  # the harness's UsageError names what is wrong
-        raise UsageError("KERNEL", str(e)) from None
+        message = str(e)
+        if internal:  # the file the user named, not the module name it was loaded under
+            message = message.replace(f"module {internal!r}", f"file {path.name!r}")
+            message = message.replace(repr(mod), repr(spec)).replace(internal, path.name)
+        raise UsageError("KERNEL", message) from None
     except ImportError as e:  # e.g. a Triton kernel where Triton is not installed
         raise UsageError("KERNEL", f"cannot load {spec!r}: {e}") from None
 

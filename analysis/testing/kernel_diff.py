@@ -9,7 +9,8 @@ used three times as much of its error budget), or a run present in one report on
 
 Exit status: 1 when any verdict got worse (a run's or the overall one), else 0; 2 for a usage
 error (a file that is missing, not JSON, or not a check-kernel report; reports of different
-references, whose ratios measure different things). A larger ratio within the same verdict
+references, whose ratios measure different things; reports with no run in common, e.g. one of
+float32 inputs only and one of bfloat16 inputs only). A larger ratio within the same verdict
 does not fail the comparison: it is shown, for a person to judge. Ratios compare like with
 like only when both reports drew the same cases (same seed, cases per run and sizes); the
 output says when they did not.
@@ -47,6 +48,29 @@ def load(path: str, argument: str) -> dict:
             argument, f'{path!r} is not a check-kernel report (no "format": "{FORMAT}")'
         )
     return data
+
+
+def _runs(report: dict) -> list:
+    """(input dtype, contract) of every run of a report, in its order."""
+    return list(dict.fromkeys((r["precision"], r["contract"]) for r in report.get("runs", [])))
+
+
+def no_common_run(old: dict, new: dict) -> None:
+    """UsageError naming ``NEW.json`` when the reports share no (input dtype, contract) run:
+    nothing would be compared, and "unchanged" would be said of nothing."""
+    olds, news = _runs(old), _runs(new)
+    if set(olds) & set(news):
+        return
+    o_dtypes, n_dtypes = ({p for p, _ in runs} for runs in (olds, news))
+    if o_dtypes.isdisjoint(n_dtypes):  # name what differs: the input dtypes ...
+        o_what, n_what = (f"{'/'.join(sorted(d)) or 'no'} inputs" for d in (o_dtypes, n_dtypes))
+    else:  # ... or the contracts
+        o_what, n_what = (", ".join(f"{p} / {c}" for p, c in r) or "no run" for r in (olds, news))
+    raise UsageError(
+        "NEW.json",
+        f"no run in common with OLD.json (NEW.json: {n_what}; OLD.json: {o_what}): nothing to "
+        "compare; check both with the same --precision and --model",
+    )
 
 
 def _ratio_change(old: Optional[float], new: Optional[float], threshold: float) -> Optional[str]:
@@ -215,6 +239,7 @@ def run(args, prog: str = "svt diff") -> int:
                 f"checks a kernel like {new['like']} (strategy {new['strategy']}), OLD.json "
                 f"like {old['like']} (strategy {old['strategy']}): not comparable",
             )
+        no_common_run(old, new)
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
