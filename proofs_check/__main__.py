@@ -2,6 +2,7 @@
 
 import sys
 
+from .pipe import run_quietly
 from .runner import main
 
-sys.exit(main(sys.argv[1:]))
+sys.exit(run_quietly(main, sys.argv[1:]))

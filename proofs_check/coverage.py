@@ -236,7 +236,7 @@ PASSES = (
         "complexity and sizes",
         "Table 1's SKA row, 'sublinear in T', 'identical FLOPs per token', the 77 KB state (Secs. 3.5, 6.2), the 384 MB "
         "KV cache, d_k = 2048.",
-        "Training cost linear in T (substantive), FLOPs also 2/3 (wording), state ~1.1 MB / 0.93 MB (substantive); "
+        "Training cost linear in T (substantive), FLOPs also 2/3 (wording), state ~1.1 MB / 0.95 MB (substantive); "
         "the KV cache and d_k agree. The per-step inference O(r^3) is consistent with one Cholesky per step.",
         (
             "echo.reported.complexity.printed",

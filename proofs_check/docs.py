@@ -17,7 +17,7 @@ import pathlib
 import re
 from collections import Counter
 
-from . import coverage, errata, registry
+from . import coverage, errata, implementations, registry
 from .claim import CORRECTED, EXTENSION, FAILS, PAPERS, PRINTED
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -173,6 +173,7 @@ def claims_markdown(record: dict) -> str:
                 for u in un
             ]
             lines.append("")
+    lines += implementations.markdown()
     lines += coverage.markdown()
     return "\n".join(lines) + "\n"
 
@@ -202,6 +203,13 @@ def _meta(e: errata.Erratum) -> list:
     return lines
 
 
+def _size_cell(e: errata.Erratum) -> str:
+    """The index's 'at the paper's sizes' cell: the size and the command that prints it."""
+    if not e.magnitude:
+        return "-"
+    return _esc(e.magnitude) + (f" (`{e.command}`)" if e.command else "")
+
+
 def errata_markdown(bodies: dict) -> str:
     missing = [e.slug for e in errata.ERRATA if ("story", e.slug) not in bodies]
     if missing:
@@ -229,7 +237,7 @@ def errata_markdown(bodies: dict) -> str:
     for e in sorted(errata.ERRATA, key=lambda e: order[e.severity]):
         lines.append(
             f"| [{_esc(e.title)}](#{e.slug}) | {e.severity} | {', '.join(f'`{c}`' for c in e.claims)} | "
-            f"{_esc(e.magnitude) if e.magnitude else '-'} |"
+            f"{_size_cell(e)} |"
         )
     lines.append("")
     for paper, title in PAPERS.items():

@@ -30,6 +30,7 @@ from .fields import parse_text
 SEVERITIES = ("substantive", "numerical", "out-of-setting", "degenerate", "wording", "rounding")
 HEADLINE = ("substantive", "numerical")
 MAGNITUDE_COMMAND = "python -m proofs_check.magnitudes"
+NO_SIZE = "n/a:"  # a magnitude that says why no size applies starts with it
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,10 @@ class Erratum:
     title: the story's heading. claims: ids of the printed claims (recorded as failing) it explains.
     severity: one of :data:`SEVERITIES`; reason: why that severity, in one sentence.
     setting: for ``out-of-setting``, the assumption of the paper outside which it fails.
-    magnitude: for ``substantive`` and ``numerical``, its size at the paper's own sizes (and the
-    toy figure of the story beside it); command: what reproduces that size.
+    magnitude: its size at the paper's own sizes (and the toy figure of the story beside it), or
+    ``n/a: why`` where no size applies (wording, notation, a degenerate edge); every
+    ``substantive`` and ``numerical`` erratum has a size. command: the command that prints that
+    size (``python -m proofs_check.magnitudes NAME``); every size has one.
     affected: who is affected in practice, in one sentence.
     """
 
@@ -91,7 +94,10 @@ ERRATA = (
         Why: 6.547e-5 printed with one digit as 6e-5 (truncated, not rounded, and marked ~); the other nine numbers
         round correctly and the remark's conclusion is unaffected.
 
+        Magnitude: R^30 = 6.55e-5 at kappa = 51, printed 6e-5 (8% low; to one digit it rounds to 7e-5).
+
         Affected: Nobody: the remark's conclusion (20 iterations suffice in bf16) holds.""",
+        command=_m("gka_remark1_r30"),
     ),
     _story(
         "gka-eq49-q-sign",
@@ -159,6 +165,8 @@ ERRATA = (
         Why: The body reads q in (50) and xi_r, xi_{r-1} in its initialisation, none of which is listed (the line
         has an empty slot ', ,'); with them added, Algorithm 2 (corrected) is the gradient.
 
+        Magnitude: n/a: wording (an Input line; nothing is computed from it).
+
         Affected: Implementers of Algorithm 2, who must keep q and the last two iterates from the forward pass.""",
     ),
     _story(
@@ -204,11 +212,13 @@ ERRATA = (
 
         Why: Substituting dH_c = -1/2 w_c H_c into (22) gives the negation of both printed parts (the slip of (15)).
 
-        Magnitude: The two parts of dG due to the w_t H_t term are negated: relative error exactly 2 on those parts
-        at every size (the rest of dG, eqs. (16)-(23), is right).
+        Magnitude: The two parts of dG due to the w_t H_t term are negated: relative error exactly 2 on those
+        parts at every size (2 at D = 128, C = 64, gates in [0.9, 1]; corrected 3e-16); the rest of dG, eqs.
+        (16)-(23), is right.
 
         Affected: Anyone implementing the gate gradient from App. D.2, the only place it is given; in training the
         gates would be pushed the wrong way by this part.""",
+        command=_m("gka_eq24"),
     ),
     _story(
         "gka-chunk-matvec",
@@ -255,6 +265,8 @@ ERRATA = (
         Why: The factors of a product are swapped: as printed it is undefined unless C = D; the intended H_0 K_C
         diag(b) is unambiguous from the sum it abbreviates.
 
+        Magnitude: n/a: notation (swapped factors; the sum it abbreviates is right).
+
         Affected: Nobody who reads the sum it abbreviates.""",
     ),
     _story(
@@ -267,6 +279,8 @@ ERRATA = (
 
         Why: An interpretive sentence misses the factor 2 of the gradient of ||S k - v||^2 (the usual 1/2
         convention); the (GDN) recurrence itself is right.
+
+        Magnitude: n/a: wording (an interpretive sentence; the (GDN) recurrence is right).
 
         Affected: Nobody: no computation uses the interpretation.""",
     ),
@@ -281,7 +295,11 @@ ERRATA = (
         Why: 2^-7 = 0.0078 printed as ~0.007 inside an order-of-magnitude argument (worst case 3.9, printed 3.5)
         whose conclusion holds.
 
+        Magnitude: epsilon 2^-7 = 0.00781, printed 0.007 (10% low); eps kappa at kappa = 500: 3.91, printed
+        3.5.
+
         Affected: Nobody: strong regularisation is needed in bf16 either way.""",
+        command=_m("gka_bf16_eps"),
     ),
     # ------------------------------------------------------------------------------------ KLA
     _story(
@@ -313,6 +331,8 @@ ERRATA = (
         Why: The definition's product starts at r = j instead of j + 1; App. B.1 then substitutes the right ratio
         gamma_i/gamma_r, with which (20)-(21) hold exactly.
 
+        Magnitude: n/a: notation (App. B.1 substitutes the right ratio).
+
         Affected: Readers who take the definition literally; the paper's own substitution is right.""",
     ),
     _story(
@@ -325,6 +345,8 @@ ERRATA = (
 
         Why: Notation: R (= S^T) is written where S is meant (P_i R_0 is undefined when d_k != d_v); the S-space
         forms the appendix goes on to use, (18)-(22) and Prop. 3, hold.
+
+        Magnitude: n/a: notation (R written for S).
 
         Affected: Nobody who follows the S-space formulas that come next.""",
     ),
@@ -357,7 +379,12 @@ ERRATA = (
 
         Setting: queries l2-normalised before the readout (Sec. 3.3)
 
+        Magnitude: None in the paper's setting: with unit queries (Sec. 3.3) the panels agree (1e-16 at T =
+        64, d = 128, chunks of 64); with N(0, 1) queries (||q|| ~ 11) line 7's outputs have relative error
+        10.3.
+
         Affected: Only users who feed unnormalised queries to the chunkwise kernel.""",
+        command=_m("kla_alg1_panels"),
     ),
     _story(
         "kla-prop1-mu",
@@ -369,6 +396,9 @@ ERRATA = (
 
         Why: At eta = 1, eps = 0 mu = 1/0: the statement is then Theorem 1's constrained problem, the mu -> infinity
         limit.
+
+        Magnitude: n/a: degenerate (one parameter point, eta = 1 with eps = 0, where mu = 1/0; no error
+        elsewhere).
 
         Affected: Nobody: the unrelaxed case is covered by Theorem 1.""",
     ),
@@ -382,6 +412,8 @@ ERRATA = (
 
         Why: Only k_t = 0 (factor 1, no contraction) and e_t = 0 (nothing to contract) break it; eq. (5) and the
         loss decrease hold always.
+
+        Magnitude: n/a: degenerate (a zero key or a zero residual only; no error elsewhere).
 
         Affected: Nobody in practice: a zero key writes nothing.""",
     ),
@@ -414,6 +446,8 @@ ERRATA = (
 
         Why: A proof step: d/dA of -2 tr(A sum z_t z_{t+1}^T) is -2M, and the 'transposing both sides' that follows
         does not fix it; the proposition's statement A* = M G^{-1} holds.
+
+        Magnitude: n/a: wording (a proof step; the proposition's statement holds).
 
         Affected: Nobody: the proposition, which the layer uses, is right.""",
     ),
@@ -464,6 +498,8 @@ ERRATA = (
         Why: A motivating remark states a false fact (XY and YX always share eigenvalues); the whitened form it
         motivates is still the better choice, for its norm.
 
+        Magnitude: n/a: wording (a remark; no computed quantity depends on it).
+
         Affected: Nobody: no computed quantity depends on the remark.""",
     ),
     _story(
@@ -480,7 +516,11 @@ ERRATA = (
 
         Setting: the operator normalised is SKA's whitened A_w (norm below 1), not a general matrix
 
+        Magnitude: None in the setting: SKA's whitened A_w (r = 48, T = 1024 AR(1) keys) has ||A_w|| = 0.923 <
+        1 and is left as is; outside it, diag(2, 1.9) normalises to ||A^|| = 1.01 > 1.
+
         Affected: Only reuses of eq. (12) with a 6-step power estimate on other operators.""",
+        command=_m("echo_f6_power"),
     ),
     _story(
         "echo-remark3",
@@ -493,7 +533,10 @@ ERRATA = (
         Why: 0.5^(1/4) = 0.8409 printed as 0.85 (and 'energy' for amplitude); the remark's point, that K = 4 keeps
         only slowly decaying modes, holds.
 
+        Magnitude: The K = 4 threshold 0.5^(1/4) = 0.841, printed 0.85 (the 50%-energy threshold is 0.917).
+
         Affected: Nobody: the choice K = 2 does not depend on it.""",
+        command=_m("echo_remark3"),
     ),
     _story(
         "echo-state-size",
@@ -501,15 +544,16 @@ ERRATA = (
         ("echo.reported.state_size.printed",),
         "substantive",
         """
-        Echo sections 3.5 and 6.2: the SKA state is ~1.1 MB (50M) and ~0.93 MB (180M), not "~77 KB"
+        Echo sections 3.5 and 6.2: the SKA state is ~1.1 MB (50M) and ~0.95 MB (180M), not "~77 KB"
 
         Why: The paper's own formula 2r^2 + Pr + r + 1 floats per head gives 9913 floats per head; 77 KB is one or
         two heads' worth.
 
-        Magnitude: 50M model: 1,110,256 B = 1.06 MiB (13.8x the printed 77 KB); 180M model: 951,648 B = 0.93 MB
-        (12x). Exact at the paper's sizes.
+        Magnitude: 50M model: 1,110,256 B = 1084 KiB (14.1x the printed 77 KB); 180M model: 951,648 B = 929
+        KiB (12.1x). Exact at the paper's sizes.
 
         Affected: Memory planning for decoding; the state is still independent of T.""",
+        command=_m("echo_state_size"),
     ),
     _story(
         "echo-chunk-causal",
@@ -540,6 +584,8 @@ ERRATA = (
         Why: 'Better-conditioned' read as the Gram condition number is false (it can grow with T), but the mechanism
         the sentence gives, lambda_min(G~) never decreasing so that Theorem C.1's bound never grows, holds.
 
+        Magnitude: n/a: wording (the mechanism the sentence gives holds).
+
         Affected: Nobody.""",
     ),
     _story(
@@ -552,6 +598,9 @@ ERRATA = (
 
         Why: 'Exact' means sufficient (nothing is lost to compression), not free of floating-point rounding; each
         entry carries the rounding of a T-term sum.
+
+        Magnitude: n/a: wording ('exact' as sufficient; the rounding of the float32 sums, ~(T + 3) u, is
+        within analysis.references.koopman.statistics_bound).
 
         Affected: Nobody: the FP32 sums are accurate to ~T u.""",
     ),
@@ -566,6 +615,9 @@ ERRATA = (
         Why: Fails when M = 0 (one token), P < r or the values span fewer than r directions; App. J.3's Prop. J.5
         gives the conditions, met generically at the paper's P = 64 >= r = 48.
 
+        Magnitude: n/a: degenerate (one token, P < r, or values spanning fewer than r directions; at the
+        paper's P = 64 >= r = 48 the rank is r generically).
+
         Affected: Nobody at the paper's sizes beyond the first token.""",
     ),
     _story(
@@ -579,11 +631,13 @@ ERRATA = (
         Why: Each block is |lambda_i| times a rotation and the modulus is clamped to <= 1, so sigma_min(R) = min
         |lambda_i| and R is norm-preserving only on the unit circle.
 
-        Magnitude: sigma_min(R) = min_i |lambda_i| per layer; the paper prints no learned moduli, so the size at its
-        sizes cannot be computed (a mode at |lambda| = 0.5 halves its gradient).
+        Magnitude: sigma_min(R) = min_i |lambda_i| per layer; the paper prints no learned moduli, so the size
+        in its trained models cannot be computed. At d_k = 2048 with one mode at |lambda| = 0.5: sigma_min(R)
+        = 0.5 against the printed 1, and that mode's gradient is halved.
 
         Affected: The 'gradient preservation' argument of Sec. 3.3 for any model whose eigenvalues move inside the
         unit disk.""",
+        command=_m("echo_rotation"),
     ),
     _story(
         "echo-i10-unavoidable",
@@ -595,6 +649,8 @@ ERRATA = (
 
         Why: (kappa - 1)/(kappa + 1) is the minimax value over queries, attained by queries mixing the extreme
         eigenvectors; 'unavoidable' is true in that sense, not for every query.
+
+        Magnitude: n/a: wording (a minimax statement read as one for every query).
 
         Affected: Nobody.""",
     ),
@@ -610,7 +666,11 @@ ERRATA = (
         counts, so a pooled mean over cells of unequal size (counts not printed) is possible: undecidable, not shown
         wrong.
 
+        Magnitude: The printed Mean row is above the mean of the six task rows by 1.07 (SSM), 0.55 (SSM+Attn)
+        and 0.60 (SSM+SKA) points; the ranking is the same.
+
         Affected: Nobody: the ranking is the same.""",
+        command=_m("echo_table3_mean"),
     ),
     _story(
         "echo-hellaswag",
@@ -622,7 +682,10 @@ ERRATA = (
 
         Why: Text and table differ in the last digit; the 'best on 5 of 6 benchmarks' statement holds with either.
 
+        Magnitude: 0.3 points: 44.0 in the text, 44.3 in Table 4.
+
         Affected: Nobody.""",
+        command=_m("echo_hellaswag"),
     ),
     _story(
         "echo-flops",
@@ -635,7 +698,11 @@ ERRATA = (
         Why: It saves a third of the FLOPs as well as of the parameters (two matmuls instead of three); the sentence
         undersells it.
 
+        Magnitude: Koopman MLP / SwiGLU FLOPs per token 0.667 at d = 768 (6,297,600 against 9,437,184),
+        printed identical (1).
+
         Affected: Nobody: the truth is cheaper than printed.""",
+        command=_m("echo_flops"),
     ),
     _story(
         "echo-complexity",
@@ -685,10 +752,11 @@ ERRATA = (
         Why: exp(-softplus(z)) = 1/(1 + e^z), so the 'exponential' baseline is sigma(z) identically and its row
         should equal the sigmoid row.
 
-        Magnitude: Identical to the sigmoid at every z (exact); evaluated as printed it only adds cancellation below
-        z ~ -37.
+        Magnitude: Identical to the sigmoid at every z (exact: 1e-51 at 50 digits); evaluated as printed in
+        float64 it only adds cancellation: relative error 1.7e-4 at z = -30, no correct digit below z = -37.4.
 
         Affected: Experiments that run baseline 3 as a separate arm: it duplicates the sigmoid arm.""",
+        command=_m("gates_softplus"),
     ),
     _story(
         "gates-sigmoid-ratio",
@@ -700,9 +768,11 @@ ERRATA = (
 
         Why: 0.25/0.0099 = 25; the printed 100x compares 0.01 with 1.
 
-        Magnitude: 25.25x (alpha = 0.99) against the printed 100x: the imbalance is overstated 4x.
+        Magnitude: 25.25x (alpha = 0.99; 25.37x at z = 4.6) against the printed 100x: the imbalance is
+        overstated 4x.
 
         Affected: The proposal's quantitative motivation.""",
+        command=_m("gates_sigmoid_ratio"),
     ),
     _story(
         "gates-log-domain",
@@ -719,6 +789,7 @@ ERRATA = (
         z = 1e-3.
 
         Affected: Log-space chunked implementations with b = 1 (any pre-activation at or near 0); b > 1 avoids it.""",
+        command=_m("gates_log_domain"),
     ),
     _story(
         "gates-stablessm-range",
@@ -733,7 +804,11 @@ ERRATA = (
 
         Setting: b > 1/2 (the proposal uses b = 1)
 
+        Magnitude: None at the proposal's b = 1 (range [0, 1)); the range's lower end 1 - 1/b is -1 at b = 1/2
+        and -3 at b = 1/4.
+
         Affected: Nobody using the proposal's parameters.""",
+        command=_m("gates_stablessm_range"),
     ),
 )
 
@@ -770,10 +845,16 @@ def check(claims) -> list:
             problems.append(f"{e.slug}: unknown severity {e.severity!r}")
         if not e.claims or not e.reason or not e.affected:
             problems.append(f"{e.slug}: needs claims, a reason and who is affected")
-        if e.headline and not e.magnitude:
+        if e.headline and (not e.magnitude or e.magnitude.startswith(NO_SIZE)):
             problems.append(
                 f"{e.slug}: a {e.severity} erratum needs its magnitude at the paper's sizes"
             )
+        elif not e.magnitude:
+            problems.append(
+                f"{e.slug}: needs its size at the paper's sizes, or '{NO_SIZE} why' where none applies"
+            )
+        if e.magnitude and not e.magnitude.startswith(NO_SIZE) and not e.command:
+            problems.append(f"{e.slug}: its size needs the command that prints it")
         if (e.severity == "out-of-setting") != bool(e.setting):
             problems.append(f"{e.slug}: the setting is named exactly for out-of-setting errata")
     return problems

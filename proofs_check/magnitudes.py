@@ -121,8 +121,8 @@ def gka_cross_chunk() -> dict:
 
 
 def gka_algorithm2() -> dict:
-    """Algorithm 2 as printed, each erratum alone, D = 128, kappa = 51, r = 30, float64, against
-    autograd through Algorithm 1 (float64): relative errors of dq and dH."""
+    """Algorithm 2 as printed, each erratum alone, D = 128, kappa = 51, r = 30 (and r = 0), float64,
+    against autograd through Algorithm 1 (float64): relative errors of dq and dH."""
     import solvers
     from analysis.references.chebyshev_backward import rel, spd_problem
 
@@ -140,6 +140,14 @@ def gka_algorithm2() -> dict:
             pb.H, pb.q, pb.g, L=pb.L, mu=pb.mu, iters=GKA_R, corrections=corr
         )
         out[name] = f"dq {rel(dq, ref_dq):.2e}, dH {rel(dH, ref_dH):.2e}"
+    # r = 0: (53) alone doubles dq exactly (relative error 1)
+    ref0, _ = solvers.chebyshev_backward(
+        pb.H, pb.q, pb.g, L=pb.L, mu=pb.mu, iters=0, method="autograd"
+    )
+    dq0, _ = solvers.algorithm2_as_printed(
+        pb.H, pb.q, pb.g, L=pb.L, mu=pb.mu, iters=0, corrections=("q_sign",)
+    )
+    out["eq. (53) alone (c_0), r = 0"] = f"dq {rel(dq0, ref0):.2e}"
     return out
 
 
@@ -335,6 +343,234 @@ def gates_scale() -> dict:
     return out
 
 
+def gka_eq24() -> dict:
+    """App. D.2 eq. (24) as printed vs the parts of dG due to the -(1/2) w_t H_t term of dH_t, computed by
+    eqs. (22)-(23) (solvers.gka_grad.chunk_dG) for one chunk of 64 tokens, D = 128, after 64 tokens of state,
+    gates in [0.9, 1], B_{C+1} from the next chunk: relative error of the parts (printed and corrected)."""
+    from solvers.gka_grad import chunk_dG, eq24_corrected, eq24_printed
+
+    C = CHUNK
+    k, gamma, H, fro, x, dq, w = _gka_layer_grads(2 * C + 1, 0.9)
+    H0, K = H[C - 1], k[C:]  # state before the chunk; keys k_1..k_{C+1}
+    G = torch.cumsum(torch.log(gamma[C:]), 0)  # G_1..G_{C+1}
+    Hc = H[C : 2 * C]  # H_1..H_C
+    B_next = (w[2 * C][None, None] * H[2 * C]).to(F64)  # B_{C+1} = w_{C+1} H_{C+1} (last token)
+    truth = chunk_dG(H0, K, G, -0.5 * w[C : 2 * C, None, None] * Hc, -0.5 * B_next)
+    t = torch.cat([truth[0], truth[1].reshape(1)])
+    out = {}
+    for name, fn in (("printed", eq24_printed), ("corrected", eq24_corrected)):
+        first, second = fn(H0, K[:C], G, w[C : 2 * C], B_next)
+        out[f"{name}: relative error of the w_t H_t parts of dG_1..dG_C+1"] = _rel(
+            torch.cat([first, second.reshape(1)]), t
+        )
+    return out
+
+
+def echo_rotation() -> dict:
+    """Sec. 3.3's R (eq. (14)) at d_k = 2048 (1024 blocks rho_i times a rotation), every modulus 1 but one at
+    0.5: its singular values (printed: all 1) and the gradient kept through that mode."""
+    n = 1024
+    g = torch.Generator().manual_seed(0)
+    theta = 2 * math.pi * torch.rand(n, generator=g, dtype=F64)
+    rho = torch.ones(n, dtype=F64)
+    rho[0] = 0.5
+    blocks = [
+        r * torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]], dtype=F64)
+        for r, a in zip(rho.tolist(), theta.tolist())
+    ]
+    R = torch.block_diag(*blocks)
+    sv = torch.linalg.svdvals(R)
+    grad = torch.zeros(2 * n, dtype=F64)
+    grad[:2] = 1.0  # a gradient in the mode with |lambda| = 0.5
+    return {
+        "sigma_max(R)": float(sv.max()),
+        "sigma_min(R) (printed 1)": float(sv.min()),
+        "||R^T g|| / ||g|| in that mode": float(torch.linalg.vector_norm(R.T @ grad) / grad.norm()),
+    }
+
+
+def echo_state_size() -> dict:
+    """Secs. 3.5, 6.2: the SKA state 2r^2 + Pr + r + 1 floats per head in FP32 (r = 56, P = 64), against the
+    printed ~77 KB (read as KiB)."""
+    r, P = 56, 64
+    per_head = 2 * r * r + P * r + r + 1
+    out = {"floats per head": f"{per_head}"}
+    for model, heads, layers in (("50M", 7, 4), ("180M", 12, 2)):
+        nbytes = per_head * 4 * heads * layers
+        out[f"{model} ({heads} heads x {layers} layers)"] = (
+            f"{nbytes:,} B = {nbytes / 1024:.0f} KiB = {nbytes / 2**20:.2f} MiB, "
+            f"{nbytes / (77 * 1024):.1f}x the printed 77 KB"
+        )
+    return out
+
+
+def echo_f6_power() -> dict:
+    """App. F step 6 / eq. (12) with 6 power steps: ||A^|| for SKA's own whitened A_w (r = 48, T = 1024 AR(1)
+    keys, eps = 1e-3: never rescaled, the setting) and for diag(2, 1.9) from (1, 1)/sqrt 2 (outside it)."""
+    from solvers.koopman import spectral_normalize
+
+    T, eps = 1024, 1e-3
+    z = _ar1_keys(T)
+    z = z / torch.linalg.vector_norm(z, dim=-1).max()
+    G = z.T @ z + eps * torch.eye(SKA_R, dtype=F64)
+    Linv = torch.linalg.inv(torch.linalg.cholesky(G))
+    Aw = Linv @ (z[1:].T @ z[:-1]) @ Linv.T
+    general = torch.diag(torch.tensor([2.0, 1.9], dtype=F64))
+    v0 = torch.tensor([1.0, 1.0], dtype=F64) / math.sqrt(2)
+    return {
+        "SKA's A_w: ||A_w||": float(torch.linalg.matrix_norm(Aw, ord=2)),
+        "SKA's A_w: ||A^_w|| (6 power steps)": float(
+            torch.linalg.matrix_norm(spectral_normalize(Aw), ord=2)
+        ),
+        "diag(2, 1.9): ||A^|| (6 power steps, printed <= 1)": float(
+            torch.linalg.matrix_norm(spectral_normalize(general, v0=v0), ord=2)
+        ),
+    }
+
+
+def echo_table3_mean() -> dict:
+    """Table 3: the printed Mean row against the mean of each column's six task rows."""
+    from fractions import Fraction
+
+    cols = {
+        "SSM": ("55.1 64.2 56.5 52.0 39.3 52.9", "54.4"),
+        "SSM+Attn": ("76.0 81.3 76.2 81.1 71.1 68.2", "76.2"),
+        "SSM+SKA": ("82.2 85.3 80.5 84.2 76.7 74.1", "81.1"),
+    }
+    out = {}
+    for name, (rows, printed) in cols.items():
+        mean = sum(Fraction(x) for x in rows.split()) / 6
+        out[name] = (
+            f"mean {float(mean):.2f}, printed {printed} ({float(Fraction(printed) - mean):+.2f})"
+        )
+    return out
+
+
+def echo_flops() -> dict:
+    """Sec. 3.6: Koopman MLP / SwiGLU FLOPs per token at d = 768 (d_k = d_ff = 2048), printed 'identical' (1)."""
+    d = 768
+    dk = -(-d * 8 // (3 * 64)) * 64
+    swiglu = 2 * 3 * d * dk
+    koopman = 2 * 2 * d * dk + 6 * (dk // 2)
+    return {
+        "FLOPs per token": f"Koopman MLP {koopman:,}, SwiGLU {swiglu:,}",
+        "ratio (printed 1)": koopman / swiglu,
+    }
+
+
+def echo_remark3() -> dict:
+    """Remark 3 at K = 4: the |lambda| above which a mode keeps more than 50% (amplitude |lambda|^4), printed 0.85."""
+    return {
+        "50% amplitude threshold 0.5^(1/4) (printed 0.85)": 0.5**0.25,
+        "50% energy threshold 0.5^(1/8)": 0.5**0.125,
+    }
+
+
+def echo_hellaswag() -> dict:
+    """Sec. 5.3's HellaSwag score against Table 4's."""
+    return {"Echo-180M HellaSwag": "text 44.0, Table 4 44.3 (0.3 points)"}
+
+
+def kla_alg1_panels() -> dict:
+    """Algorithm 1, right panel line 7 (o_t = S_t^T q_t) vs left line 6 (S_t^T q_t/||q_t||), chunks of 64,
+    T = 64, d_k = d_v = 128: unit queries (Sec. 3.3's setting) and N(0, 1) queries (outside it)."""
+    from solvers.kla import kla_chunkwise
+
+    T, d = CHUNK, 128
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, T, 1, d, generator=g, dtype=F64) / math.sqrt(d)
+    v = torch.randn(1, T, 1, d, generator=g, dtype=F64)
+    alpha = 0.9 + 0.1 * torch.rand(1, T, 1, generator=g, dtype=F64)
+    eta = torch.sigmoid(torch.randn(1, T, 1, generator=g, dtype=F64))
+    q = torch.randn(1, T, 1, d, generator=g, dtype=F64)
+    out = {}
+    for name, qq in (("unit queries", q / q.norm(dim=-1, keepdim=True)), ("N(0, 1) queries", q)):
+        line6, _ = kla_chunkwise(qq, k, v, alpha=alpha, eta=eta, chunk_size=CHUNK)
+        line7, _ = kla_chunkwise(
+            qq, k, v, alpha=alpha, eta=eta, chunk_size=CHUNK, normalize_queries=False
+        )
+        out[f"{name}: line 7 vs line 6 relative error"] = _rel(line7, line6)
+    return out
+
+
+def gka_remark1_r30() -> dict:
+    """Remark 1 at kappa = 51: R^30 (printed 6e-5), R = (kappa-1)/(kappa+1) (sqrt kappa-1)/(sqrt kappa+1), in mpmath."""
+    import mpmath
+
+    with mpmath.workdps(50):
+        k = mpmath.mpf(51)
+        R = (k - 1) / (k + 1) * (mpmath.sqrt(k) - 1) / (mpmath.sqrt(k) + 1)
+        r30 = float(R**30)
+    return {"R^30 (printed 6e-5)": r30, "printed / exact": 6e-5 / r30}
+
+
+def gka_bf16_eps() -> dict:
+    """Sec. 3.2: bfloat16's machine epsilon (printed ~0.007) and eps kappa at kappa = 500 (printed 3.5)."""
+    eps = 2.0**-7
+    return {
+        "bf16 epsilon 2^-7 (printed 0.007)": eps,
+        "eps kappa at kappa = 500 (printed 3.5)": 500 * eps,
+    }
+
+
+def gates_softplus() -> dict:
+    """Baseline 3: 1 - exp(-softplus(z)) against sigma(z), exactly (mpmath, 50 digits, z in [-40, 40]) and as
+    printed in float64 (solvers.gates.SoftplusGate.printed_value): where the subtraction leaves no correct digit."""
+    import mpmath
+
+    from solvers.gates import GATES
+
+    with mpmath.workdps(50):
+        gap = max(
+            abs(1 - mpmath.exp(-mpmath.log1p(mpmath.exp(z))) - 1 / (1 + mpmath.exp(-z)))
+            for z in (mpmath.mpf(i) / 4 for i in range(-160, 161))
+        )
+    z = torch.linspace(-45.0, 0.0, 4501, dtype=F64)
+    printed = GATES["softplus"].printed_value(z)
+    sigma = GATES["sigmoid"].value(z)
+    rel = ((printed - sigma).abs() / sigma).nan_to_num(nan=math.inf)
+    lost = z[rel >= 1.0]
+    return {
+        "max |1 - exp(-softplus(z)) - sigma(z)|, exact": float(gap),
+        "float64 as printed: relative error at z = -30": float(rel[z == -30.0][0]),
+        "float64 as printed: no correct digit from z": float(lost.max()),
+    }
+
+
+def gates_sigmoid_ratio() -> dict:
+    """'Effect on optimization': sigma'(0) / sigma'(z) at alpha = 0.99 (z = logit 0.99) and at z = 4.6 (printed 100x)."""
+
+    def dsig(z: float) -> float:
+        s = 1 / (1 + math.exp(-z))
+        return s * (1 - s)
+
+    return {
+        "sigma'(0) / sigma'(logit 0.99) (printed 100)": f"{dsig(0.0) / dsig(math.log(99.0)):.2f}",
+        "sigma'(0) / sigma'(4.6)": f"{dsig(0.0) / dsig(4.6):.2f}",
+    }
+
+
+def gates_log_domain() -> dict:
+    """Log-space decay of the balanced gate at a = b = 1: log phi(0) (solvers.gates.BalancedGate), the
+    cumulative G_c = sum log phi over gates z = (1, 0, 2) as the proposal sums it, and d log phi/dz at z = 1e-3."""
+    from solvers.gates import BalancedGate
+
+    gate = BalancedGate()
+    logs = gate.log_value(torch.tensor([1.0, 0.0, 2.0], dtype=F64))
+    G = torch.cumsum(logs, 0)
+    return {
+        "log phi(0)": float(logs[1]),
+        "G_1, G_2, G_3": ", ".join(f"{float(x):.3g}" for x in G),
+        "G_3 - G_2": float(G[2] - G[1]),
+        "d log phi/dz at z = 1e-3": f"{float(gate.log_derivative(torch.tensor([1e-3], dtype=F64))[0]):.4g}",
+    }
+
+
+def gates_stablessm_range() -> dict:
+    """Background: the lower end 1 - 1/b of f*(w) = 1 - 1/(a w^2 + b)'s range (at w = 0), printed inside (-1, 1)."""
+    return {f"b = {b:g}": f"f*(0) = {1 - 1 / b:g}" for b in (1.0, 0.75, 0.5, 0.25)}
+
+
 MAGNITUDES = {
     f.__name__: f
     for f in (
@@ -352,6 +588,21 @@ MAGNITUDES = {
         echo_eq11,
         echo_complexity,
         gates_scale,
+        gka_eq24,
+        echo_rotation,
+        echo_state_size,
+        gates_softplus,
+        gates_sigmoid_ratio,
+        gates_log_domain,
+        kla_alg1_panels,
+        echo_f6_power,
+        gates_stablessm_range,
+        echo_table3_mean,
+        echo_flops,
+        gka_remark1_r30,
+        gka_bf16_eps,
+        echo_remark3,
+        echo_hellaswag,
     )
 }
 
@@ -380,4 +631,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from proofs_check.pipe import run_quietly
+
+    sys.exit(run_quietly(main, sys.argv[1:]))

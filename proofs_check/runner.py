@@ -37,6 +37,7 @@ from .claim import (
     PRINTED,
     Result,
 )
+from .contract_route import INCONCLUSIVE
 from .search import DEFAULT_EXAMPLES, run_claim
 
 
@@ -59,7 +60,10 @@ def run(
     default every precision the claim lists. ``progress(result)`` is called after each run.
     ``jobs``: worker processes (:mod:`proofs_check.parallel`). ``cache``: replay recorded
     deterministic searches where they reproduce (:mod:`proofs_check.replay`); the verdicts are
-    those of a fresh search either way.
+    those of a fresh search either way. ``impl``: an implementation under test, merged over each
+    claim's own mapping (:func:`proofs_check.implementations.merged`: it replaces only the
+    functions it provides), searched afresh in this process and held to the precision's
+    contract (a vacuous bound makes the run ``inconclusive``).
     """
     if examples < 1:
         raise ValueError(f"examples must be a positive integer, got {examples}")
@@ -68,25 +72,48 @@ def run(
         bad = [p for p in wanted if p not in ALL_PRECISIONS]
         if bad:
             raise ValueError(f"unknown precision(s) {bad}; expected some of {list(ALL_PRECISIONS)}")
-    pairs = [
-        (claim, p)
-        for claim in registry.all_claims(paper, claims)
-        for p in claim.precisions
-        if wanted is None or p in wanted
-    ]
+    return _run_pairs(
+        [
+            (claim, p)
+            for claim in registry.all_claims(paper, claims)
+            for p in claim.precisions
+            if wanted is None or p in wanted
+        ],
+        examples=examples,
+        deterministic=deterministic,
+        shrink=shrink,
+        progress=progress,
+        jobs=jobs,
+        cache=cache,
+        impl=impl,
+    )
+
+
+def _run_pairs(
+    pairs: list, *, examples, deterministic, shrink, progress, jobs, cache, impl
+) -> list:
+    """:func:`run` on the ``(claim, precision)`` pairs it selected (:func:`main` selects its own)."""
     if impl is not None:  # an implementation under test: searched afresh, in this process
+        from .claim import Pending
+        from .implementations import merged
+
         results = []
         for claim, p in pairs:
-            results.append(
-                run_claim(
-                    claim,
-                    p,
-                    examples=examples,
-                    deterministic=deterministic,
-                    shrink=shrink,
-                    impl=impl,
+            try:
+                mapping = merged(claim, impl)
+            except Pending as exc:
+                results.append(Result(claim, p, 0, None, PENDING, message=str(exc)))
+            else:
+                results.append(
+                    run_claim(
+                        claim,
+                        p,
+                        examples=examples,
+                        deterministic=deterministic,
+                        shrink=shrink,
+                        impl=mapping,
+                    )
                 )
-            )
             if progress is not None:
                 progress(results[-1])
         return results
@@ -101,6 +128,25 @@ def run(
         cache=cache,
         progress=progress,
     )
+
+
+def is_inconclusive(result: Result) -> bool:
+    """A run on an implementation under test that found no failure but had a vacuous bound on some
+    case, where the record says ``holds``: no verdict either way, not a changed verdict."""
+    return result.verdict == INCONCLUSIVE and result.expected == HOLDS
+
+
+def differs(result: Result) -> bool:
+    """The observed verdict is a different verdict from the recorded one (inconclusive is none)."""
+    return not result.matches and not is_inconclusive(result)
+
+
+def exit_status(results: list) -> int:
+    """0 every verdict matches the record, 1 some verdict differs from it, 3 none differs but some
+    run is inconclusive (2, a usage error, is :func:`main`'s)."""
+    if any(differs(r) for r in results):
+        return 1
+    return 3 if any(is_inconclusive(r) for r in results) else 0
 
 
 def verdict_text(result: Result, results: Iterable[Result] = ()) -> str:
@@ -166,7 +212,11 @@ TABLE_HEAD = ("claim", "source", "precision", "cases", "worst", "bound", "verdic
 
 def _row_text(r: Result, results: list) -> str:
     text = verdict_text(r, results)
-    return text if r.matches else f"MISMATCH: {text} (recorded: {r.expected})"
+    if r.matches:
+        return text
+    if is_inconclusive(r):
+        return f"{text} (recorded: {r.expected})"
+    return f"MISMATCH: {text} (recorded: {r.expected})"
 
 
 def _wide_rows(results: list) -> list:
@@ -252,8 +302,11 @@ def _failures(results: list, show_counterexamples: bool, width: Optional[int]) -
             break_on_hyphens=False,
         ) or [indent]
 
-    out = []
+    out, vague = [], []
     for r in results:
+        if is_inconclusive(r):
+            vague += wrap(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}", "")
+            continue
         if r.verdict == FAILS and show_counterexamples:
             out += wrap(
                 f"{r.claim.id} [{r.precision}] counterexample: {r.counterexample or NO_INPUT}", ""
@@ -265,6 +318,10 @@ def _failures(results: list, show_counterexamples: bool, width: Optional[int]) -
                 )
         if r.verdict in (ERROR, PENDING) or (not r.matches and r.message):
             out += wrap(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}", "")
+    if out:
+        out = ["", "counterexamples (measured value against its bound):"] + out
+    if vague:
+        out += ["", "inconclusive (no case failed, but some case's bound was vacuous):"] + vague
     return out
 
 
@@ -277,14 +334,15 @@ def format_table(
     count of runs that differ from the record."""
     lines = _wide_rows(results) if width is None else _wrapped_rows(results, width)
     extra = _failures(results, show_counterexamples, width)
-    mism = sum(not r.matches for r in results)
+    mism = sum(differs(r) for r in results)
+    vague = sum(is_inconclusive(r) for r in results)
     summary = f"{len(results)} runs of {len({r.claim.id for r in results})} claims; {mism} differ from the record"
+    if vague:
+        summary += f", {vague} inconclusive"
     if {c.id for c in registry.all_claims()} <= {r.claim.id for r in results}:
         from .docs import headline
 
         summary += f"\nerrata: {headline()}"
-    if extra:
-        extra = ["", "counterexamples (measured value against its bound):"] + extra
     return "\n".join(lines + extra + ["", summary])
 
 
@@ -317,14 +375,30 @@ examples:
   %(prog)s                          the whole catalogue
   %(prog)s --paper gka --jobs 2     one paper's claims, two worker processes
   %(prog)s --claim gka.alg2 --wide  claims whose id starts with gka.alg2, one line per run
-  %(prog)s --impl mymod:IMPL        held to each precision's contract with your implementation
+  %(prog)s --claim gka.alg1 --impl mymod:IMPL
+                                          GKA's Algorithm 1 claims on your implementation
 
-exit status: 0 every verdict matches the record, 1 some verdict differs from it, 2 usage error"""
+--impl MODULE:NAME: NAME is a mapping of names to functions (or a zero-argument function
+returning one), e.g. IMPL = {"chebyshev": my_chebyshev} in mymod.py. It is merged over each
+claim's own mapping: your functions replace the toolkit's of the same name (same arguments),
+the rest, the exact mpmath references (names ending in _mp) included, stays. Only the selected
+claims whose mapping has one of your names run, held to each precision's contract bound where
+one exists; a run with a vacuous bound on some case is "inconclusive". A name no selected claim
+calls, or an empty mapping, is a usage error. The names each paper's claims take (docs/claims.md,
+"Testing your implementation", lists the claims of each):
+{names}
+
+exit status: 0 every verdict matches the record, 1 some verdict differs from it, 2 usage error,
+3 no verdict differs but some run is inconclusive (--impl)"""
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
+    from .implementations import help_lines
+
+    # %-formatting of the epilog is argparse's (%(prog)s): the names go in by replace
+    epilog = EPILOG.replace("{names}", "\n".join(help_lines()))
     p = OneLineParser(
-        prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter
+        prog=prog, description=DESCRIPTION, epilog=epilog, formatter_class=HelpFormatter
     )
     p.add_argument(
         "--paper",
@@ -392,8 +466,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--impl",
         metavar="MODULE:NAME",
-        help="implementation under test: a mapping (or a function returning one) of the names the "
-        "claims' checks call, held to each precision's contract bound",
+        help="implementation under test: a mapping of names to functions (or a function returning "
+        "one), merged over each claim's own (see below); runs the selected claims that take one "
+        "of its names",
     )
     layout = p.add_mutually_exclusive_group()
     layout.add_argument(
@@ -442,6 +517,24 @@ def _load_impl(spec: str) -> Mapping:
     return obj
 
 
+def _empty_selection(args, selected: list) -> Optional[str]:
+    """The usage error for options that together select no run (None when some run is left)."""
+    picked = [f"--paper {args.paper}"] if args.paper else []
+    picked += [f"--claim {c}" for c in args.claim or ()]
+    if not selected:
+        homes = sorted({c.paper for c in registry.all_claims(None, args.claim)})
+        return (
+            f"{' and '.join(picked)} select no claim (the --claim ids are "
+            f"{', '.join(homes)} claims)"
+        )
+    if args.precision and not any(p in args.precision for c in selected for p in c.precisions):
+        runs_in = "; ".join(f"{c.id} runs in {', '.join(c.precisions)}" for c in selected[:3])
+        more = f"; and {len(selected) - 3} more claims" if len(selected) > 3 else ""
+        options = picked + [f"--precision {p}" for p in args.precision]
+        return f"{' and '.join(options)} select no run ({runs_in}{more})"
+    return None
+
+
 def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -> int:
     """The command line; ``prog`` names it in ``--help`` (``python -m analysis claims`` passes its own)."""
     parser = _parser(prog)
@@ -450,36 +543,50 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         selected = registry.all_claims(args.paper, args.claim)
     except ValueError as exc:
         parser.error(f"--claim: {exc}")
-    if args.write_docs and (args.paper or args.claim or args.precision or args.random or args.list):
+    if args.write_docs and (
+        args.paper or args.claim or args.precision or args.random or args.list or args.impl
+    ):
         parser.error(
             "--write-docs runs the whole catalogue deterministically: drop --paper, --claim, --precision, "
-            "--random and --list"
+            "--random, --list and --impl"
         )
+    empty = _empty_selection(args, selected)
+    if empty:
+        parser.error(empty)
+    if args.precision:
+        selected = [c for c in selected if any(p in args.precision for p in c.precisions)]
+    impl = None
+    if args.impl:
+        from .implementations import select
+
+        try:
+            impl = _load_impl(args.impl)
+            selected = select(impl, selected, repr(args.impl))
+        except ValueError as exc:
+            print(f"{prog}: error: argument --impl: {exc}", file=sys.stderr)
+            return 2
     if args.list:
         for c in selected:
             print(f"{c.id:48s} {c.source:40s} {','.join(c.precisions)}")
         return 0
 
     def progress(r: Result) -> None:
-        flag = "" if r.matches else "  <-- differs from the record"
+        flag = "  <-- inconclusive" if is_inconclusive(r) else "  <-- differs from the record"
         print(
-            f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s){flag}",
+            f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s)"
+            f"{'' if r.matches else flag}",
             file=sys.stderr,
             flush=True,
         )
 
-    impl = None
-    if args.impl:
-        try:
-            impl = _load_impl(args.impl)
-        except ValueError as exc:
-            print(f"{prog}: error: argument --impl: {exc}", file=sys.stderr)
-            return 2
-    results = run(
-        args.paper,
-        args.claim,
+    results = _run_pairs(
+        [
+            (c, p)
+            for c in selected
+            for p in c.precisions
+            if not args.precision or p in args.precision
+        ],
         examples=args.examples,
-        precisions=args.precision,
         deterministic=not args.random,
         shrink=not args.no_shrink,
         progress=progress,
@@ -495,4 +602,4 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
             print(f"wrote {path}", file=sys.stderr)
     if args.timings:
         print("\n" + format_timings(results, args.timings))
-    return 0 if all(r.matches for r in results) else 1
+    return exit_status(results)
