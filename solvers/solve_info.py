@@ -131,7 +131,11 @@ def norm64(v: torch.Tensor) -> torch.Tensor:
 def _power_of_two_scale(v: torch.Tensor) -> torch.Tensor:
     """Per vector of the last axis: 2^e with e the exponent of its largest finite |entry| (1 for
     a zero or non-finite vector, whose norm is 0, inf or NaN either way)."""
-    m = v.abs().amax(dim=-1) if v.shape[-1] else torch.zeros(v.shape[:-1], dtype=v.dtype)
+    m = (
+        v.abs().amax(dim=-1)
+        if v.shape[-1]
+        else torch.zeros(v.shape[:-1], dtype=v.dtype, device=v.device)
+    )
     ok = torch.isfinite(m) & (m > 0)
     _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
     return torch.ldexp(torch.ones_like(m), e.to(m.dtype))
@@ -142,8 +146,7 @@ def residual_norm64(H: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.
     power of two (exact) so that neither ``H x`` nor the sum of squares overflows for large
     inputs: a run on q ~ 1e300 gets finite residual norms, and a divergence is still seen."""
     H64 = H.to(torch.float64)
-    q64, x64 = q.to(torch.float64), x.to(torch.float64)
-    q64, x64 = torch.broadcast_tensors(q64, x64)
+    q64, x64 = q.to(torch.float64), x.to(torch.float64)  # H may be m x n (Kaczmarz): q, x differ
     scale = torch.maximum(_power_of_two_scale(q64), _power_of_two_scale(x64)).unsqueeze(-1)
     r = q64 / scale - (H64 @ (x64 / scale).unsqueeze(-1)).squeeze(-1)
     return norm64(r) * scale.squeeze(-1)

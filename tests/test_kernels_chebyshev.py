@@ -258,7 +258,7 @@ def test_broadcast_noncontiguous_and_inputs_untouched():
     H, q = _problem(batch=(3,), D=9)
     q_big = torch.randn(2, 3, 18, device=DEVICE, dtype=torch.float32)[..., ::2]  # strided view
     H_t = H.transpose(-1, -2)  # symmetric: same values, non-contiguous
-    L, mu = torch.tensor([1.0, 1.2, 1.4]), 0.1
+    L, mu = torch.tensor([1.0, 1.2, 1.4], device=DEVICE), 0.1  # per-system L lives with the data
     before = (H_t.clone(), q_big.clone())
     x = kernels.chebyshev(H_t, q_big, L=L, mu=mu, iters=5)
     assert x.shape == (2, 3, 9)
