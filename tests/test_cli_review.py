@@ -13,9 +13,9 @@ import sys
 import types
 
 import pytest
+from test_cli import _row
 
 from analysis import cli, verification
-from analysis.verification.row import VerificationRow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -293,20 +293,7 @@ def test_the_same_option_on_both_sides_agrees(fake_figure, tmp_path, monkeypatch
 @pytest.fixture
 def tiny_report(monkeypatch):
     fam = types.ModuleType("analysis.verification.fake")
-    row = VerificationRow(
-        solver="fake",
-        precision="float32",
-        problem="p",
-        n=4,
-        kappa=10.0,
-        iters=3,
-        forward_error=1e-7,
-        backward_error=1e-8,
-        truncation=0.1,
-        truncation_bound=0.2,
-        rounding=1e-7,
-        rounding_bound=1e-4,
-    )
+    row = _row()  # tests/test_cli.py's passing row
     fam.rows = lambda quick: [row]
     monkeypatch.setitem(sys.modules, "analysis.verification.fake", fam)
     monkeypatch.setattr(verification, "FAMILIES", ["fake"])
