@@ -387,3 +387,12 @@ def test_assert_matches_refuses_an_inconclusive_verdict():
         halved, solvers.chebyshev, loose, examples=3, device="cpu", conclusive=False
     )
     assert rep.verdict == harness.INCONCLUSIVE
+
+
+def test_gradient_strategies_refuse_misspelt_options():
+    from analysis.testing.gka_gradient_harness import gka_layer_backward
+    from analysis.testing.gradient_harness import kla_backward
+
+    for build in (kla_backward, gka_layer_backward):
+        with pytest.raises(TypeError, match="max_t"):  # was swallowed: T drawn up to the default
+            build(max_t=3)

@@ -1548,8 +1548,11 @@ def main(argv=None) -> int:
     if warning:  # after the usage errors, which stay one line
         print(warning, file=sys.stderr)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    sizes = {} if args.strategy == "kla" else {"max_d": args.max_d, "max_batch": args.max_batch}
-    if args.pow2 and args.strategy != "kla":
+    # --max-d, --max-batch and --pow2 size the SPD and ridge strategies; the sequence and
+    # gradient strategies draw their own shapes
+    sized = args.strategy in ("spd", "spd_nobounds", "spd_backward", "gka_ridge")
+    sizes = {"max_d": args.max_d, "max_batch": args.max_batch} if sized else {}
+    if args.pow2 and sized:
         sizes["pow2"] = True
     if args.max_kappa is not None and args.strategy in ("spd", "spd_nobounds", "spd_backward"):
         sizes["max_kappa"] = args.max_kappa
