@@ -169,8 +169,14 @@ def _cuda_available() -> bool:
 
 def _uses_triton(fn) -> bool:
     """Whether ``fn``'s module holds Triton (a triton module or a Triton-jitted function):
-    such a kernel cannot run on a CPU without Triton's interpreter."""
+    such a kernel cannot run on a CPU without Triton's interpreter. A callable (or one it wraps,
+    through ``functools.partial`` or ``__wrapped__``) that sets ``__svt_triton__`` says it
+    outright: the gradient harnesses' kernel callables do, since their Triton is imported only
+    when they run."""
     while True:
+        flag = getattr(fn, "__svt_triton__", None)
+        if flag is not None:
+            return bool(flag)
         inner = getattr(fn, "func", None) or getattr(
             fn, "__wrapped__", None
         )  # functools.partial, wraps

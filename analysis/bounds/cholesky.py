@@ -25,16 +25,31 @@ import torch
 from analysis.precision import rounding_product
 from analysis.references.mp import precision, to_mp
 from solvers import Arith
+from solvers import validation as _v
+
+
+def _square(name: str, T) -> torch.Tensor:
+    """One system's finite square matrix ``(n, n)``, n >= 1."""
+    T = _v.square_matrix(name, T)
+    if T.ndim != 2 or T.shape[-1] == 0:
+        raise ValueError(f"{name} must be one (n, n) matrix with n >= 1, got {tuple(T.shape)}")
+    return T
+
+
+def _arith(arith) -> Arith:
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
+    return arith
 
 
 def cholesky_bound(n: int, arith: Arith) -> float:
     """Higham Thm 10.3: ``|G - L L^T| <= gamma_{n+1} |L| |L^T|`` (+2 bf16 stores in storage mode)."""
-    return rounding_product(n + 1, arith, 2)
+    return rounding_product(_v.count("n", n, minimum=1) + 1, _arith(arith), 2)
 
 
 def substitution_bound(n: int, arith: Arith) -> float:
     """Higham Thm 8.5: ``(T + dT) x = b``, ``|dT| <= gamma_n |T|`` (+1 bf16 store in storage mode)."""
-    return rounding_product(n, arith, 1)
+    return rounding_product(_v.count("n", n, minimum=1), _arith(arith), 1)
 
 
 def cholesky_backward_error(G: torch.Tensor, L: torch.Tensor) -> float:
@@ -43,6 +58,9 @@ def cholesky_backward_error(G: torch.Tensor, L: torch.Tensor) -> float:
     G's lower triangle is used (mirrored), as the factorisation reads only that. An entry where
     ``(|L||L^T|)_ij = 0`` must match exactly; a mismatch there returns ``inf``.
     """
+    G, L = _square("G", G), _square("L", L)
+    if G.shape != L.shape:
+        raise ValueError(f"G {tuple(G.shape)} and L {tuple(L.shape)} must have the same shape")
     with precision():
         n = G.shape[-1]
         Gm, Lm = to_mp(G.to(torch.float64)), to_mp(L.to(torch.float64))
@@ -67,6 +85,11 @@ def substitution_backward_error(
 
     By Thm 8.5 this is <= gamma_n for a computed substitution. ``0/0`` counts as 0, ``r/0`` as inf.
     """
+    T = _square("T", T)
+    x, b = _v.tensor("x", x, min_ndim=1), _v.tensor("b", b, min_ndim=1)
+    for name, v in (("x", x), ("b", b)):
+        if tuple(v.shape) != (T.shape[-1],):
+            raise ValueError(f"{name} must have shape ({T.shape[-1]},), got {tuple(v.shape)}")
     with precision():
         n = T.shape[-1]
         Tm, xm, bm = (

@@ -74,6 +74,7 @@ import torch
 
 from analysis.precision import gamma
 from solvers import Arith
+from solvers import validation as _v
 from solvers.contracts import Contract, of_reference, parse
 
 _F64 = torch.float64
@@ -95,6 +96,38 @@ class LinearRun:
     def relative(self) -> torch.Tensor:
         """The final bound over ``||x_r||``."""
         return self.bound[-1] / torch.linalg.vector_norm(self.x[-1], dim=-1)
+
+
+def _float_tensor(name: str, x, min_ndim: int) -> torch.Tensor:
+    """A finite floating tensor of any float dtype (the bounds widen it exactly to float64)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}"
+        )
+    _v.finite(name, x)
+    return x
+
+
+def _matrix(name: str, H) -> torch.Tensor:
+    H = _float_tensor(name, H, 2)
+    if H.shape[-1] != H.shape[-2]:
+        raise ValueError(
+            f"{name} must be square in its last two dimensions, got shape {tuple(H.shape)}"
+        )
+    if H.shape[-1] == 0:
+        raise ValueError(f"{name} must have D >= 1, got shape {tuple(H.shape)}")
+    return H
+
+
+def _non_negative(name: str, v, batch) -> torch.Tensor:
+    t = _v.parameter(name, v, batch, "cpu")
+    if t.numel() and not bool((t >= 0).all()):
+        raise ValueError(f"{name} must be >= 0, got min {float(t.min())}")
+    return t
 
 
 def _schedule(method: str, L, mu, iters: int, batch):
@@ -175,10 +208,28 @@ def linear_bound(
     store at the exact iterate alone, ignoring that the kernel's value has drifted: NOT a bound,
     only a measure of what the drift costs (``analysis.studies.contract_tightness``).
     """
+    if method not in LINEAR_METHODS:
+        raise ValueError(f"method must be one of {LINEAR_METHODS}, got {method!r}")
     contract = parse(contract)
-    H = H.to(_F64)
-    q = q.to(_F64)
-    batch = torch.broadcast_shapes(H.shape[:-2], q.shape[:-1])
+    H = _matrix("H", H)
+    q = _float_tensor("q", q, 1)
+    if q.shape[-1] != H.shape[-1]:
+        raise ValueError(f"q has last dimension {q.shape[-1]} but H is {H.shape[-2]}x{H.shape[-1]}")
+    iters = _v.count("iters", iters)
+    batch = _v.batch_shape("H and q", H.shape[:-2], q.shape[:-1])
+    if 0 in batch:
+        raise ValueError(f"H and q have an empty batch {tuple(batch)}")
+    H = H.detach().cpu().to(_F64)
+    q = q.detach().cpu().to(_F64)
+    L = _v.parameter("L", L, batch, "cpu")
+    mu = _v.parameter("mu", mu, batch, "cpu")
+    _v.spectrum_bounds(L, mu)
+    if shift is not None:
+        shift = _non_negative("shift", shift, batch)
+    if shift_error is not None:
+        shift_error = _non_negative("shift_error", shift_error, batch)
+    value_u = _v.tolerance("value_u", value_u, allow_none=True)
+    param_rel_error = _v.tolerance("param_rel_error", param_rel_error)
     H = H.expand(*batch, *H.shape[-2:])
     q = q.expand(*batch, q.shape[-1])
     D = H.shape[-1]
@@ -387,11 +438,14 @@ class CGBound:
 def cg_bound(H, *, iters: int, contract, shift=None) -> CGBound:
     """The finite-precision convergence bound of CG on ``(H + shift I)`` (module docstring)."""
     contract = parse(contract)
-    H = H.to(_F64)
+    H = _matrix("H", H).detach().cpu().to(_F64)
+    if 0 in H.shape[:-2]:
+        raise ValueError(f"H has an empty batch {tuple(H.shape[:-2])}")
+    iters = _v.count("iters", iters)
     D = H.shape[-1]
     lam = torch.linalg.eigvalsh(H)
     if shift is not None:
-        lam = lam + torch.as_tensor(shift, dtype=_F64).unsqueeze(-1)
+        lam = lam + _v.parameter("shift", shift, H.shape[:-2], "cpu").unsqueeze(-1)
     u_eff = max(contract.u_acc, contract.u_store, contract.u_operand(contract.u_acc))
     top = lam[..., -1]
     delta = 4 * u_eff * math.sqrt(D) * top
@@ -403,7 +457,10 @@ def cg_bound(H, *, iters: int, contract, shift=None) -> CGBound:
     ra = (sk - 1) / (sk + 1)
     rate = torch.clamp(2 * ra**iters, max=1.0)
     rate = torch.where(torch.isfinite(kappa_w), rate, torch.ones_like(rate))
-    kappa = top / lam[..., 0]
+    # no SPD matrix (lam_min <= 0): no A-norm, no floor -- inf, never a NaN that could read as a pass
+    kappa = torch.where(
+        lam[..., 0] > 0, top / lam[..., 0].clamp_min(1e-300), torch.full_like(top, math.inf)
+    )
     # the floor: a relative backward error u_b per step (operand rounding, the fp32 dot products,
     # stored vectors) gives a 2-norm forward error ~ u_b kappa, and the A-norm adds sqrt(kappa)
     u_b = contract.u_operand(contract.u_acc) + contract.u_store + gamma(D, contract.u_acc)
@@ -434,6 +491,7 @@ def arith_of(contract: Contract) -> Arith:
 def fro_error(D: int, contract) -> float:
     """Relative error of ``||H||_F`` computed in the contract's accumulation dtype: a sum of D^2
     squares (gamma_{D^2 + 1}) and a square root (u), halved by the root: a kernel's lambda = a ||H||_F."""
+    D = _v.count("D", D, minimum=1)
     u = parse(contract).u_acc
     return 0.5 * gamma(D * D + 1, u) + u
 

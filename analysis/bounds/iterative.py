@@ -12,6 +12,7 @@ evaluated through ``log T_k``.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -22,10 +23,43 @@ def _t(x) -> torch.Tensor:
     return torch.as_tensor(x, dtype=_F64)
 
 
+def _real(name: str, x) -> torch.Tensor:
+    """A real scalar or tensor (not bool, not complex) as float64; NaN rejected."""
+    if isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool):
+        raise TypeError(f"{name} must be a real number or tensor, got bool")
+    if isinstance(x, torch.Tensor):
+        if x.is_complex():
+            raise TypeError(f"{name} must be real, got {x.dtype}")
+    elif not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number or tensor, got {type(x).__name__}")
+    t = _t(x.detach() if isinstance(x, torch.Tensor) else x)
+    if t.numel() and bool(torch.isnan(t).any()):
+        raise ValueError(f"{name} has NaN entries")
+    return t
+
+
+def _index(i) -> torch.Tensor:
+    """An iteration index: a whole number >= 0 (int, or a tensor of whole values)."""
+    if isinstance(i, numbers.Real) and not isinstance(i, (bool, numbers.Integral)):
+        raise TypeError(f"i must be an int (an iteration index), got {i!r}")
+    t = _real("i", i)
+    if t.numel() and not bool((torch.isfinite(t) & (t >= 0) & (t == torch.floor(t))).all()):
+        raise ValueError(f"i must hold whole numbers >= 0, got {i!r}")
+    return t
+
+
+def _kappa(kappa) -> torch.Tensor:
+    """A condition number: >= 1 (inf allowed: no bound)."""
+    t = _real("kappa", kappa)
+    if t.numel() and not bool((t >= 1).all()):
+        raise ValueError(f"kappa must be >= 1, got min(kappa) = {float(t.min())}")
+    return t
+
+
 def contraction_rate(kappa) -> torch.Tensor:
     """``R_a = (sqrt(kappa) - 1)/(sqrt(kappa) + 1)``, the rate of optimal first-order methods
     (GKA appendix D.1, Remark 1)."""
-    kappa = _t(kappa)
+    kappa = _kappa(kappa)
     return (kappa - 1.0) / (
         torch.sqrt(kappa) + 1.0
     ) ** 2  # = (s - 1)/(s + 1), s = sqrt(kappa), no cancellation
@@ -33,7 +67,11 @@ def contraction_rate(kappa) -> torch.Tensor:
 
 def rho(L, mu) -> torch.Tensor:
     """``rho = (L - mu)/(L + mu) = (kappa - 1)/(kappa + 1)`` (GKA Algorithm 1, line 2)."""
-    L, mu = _t(L), _t(mu)
+    L, mu = _real("L", L), _real("mu", mu)
+    if mu.numel() and not bool((mu > 0).all()):
+        raise ValueError(f"mu must be > 0, got min(mu) = {float(mu.min())}")
+    if not bool((L >= mu).all()):
+        raise ValueError("L must be >= mu")
     return (L - mu) / (L + mu)
 
 
@@ -68,14 +106,14 @@ def chebyshev_bound(kappa, i) -> torch.Tensor:
     *Iterative Methods*, Sec. 12.1; GKA Sec. 4.2.3 / [47]). ``kappa = 1`` gives 0 for i >= 0.
     Evaluated as ``acosh(1/rho) = -log R_a = log1p(2 (sqrt(kappa) + 1)/(kappa - 1))``: a log1p of
     a positive, accurately formed argument, so no cancellation at any kappa."""
-    kappa = _t(kappa)
+    kappa, i = _kappa(kappa), _index(i)
     a = torch.log1p(2.0 * (torch.sqrt(kappa) + 1.0) / (kappa - 1.0))
-    return torch.exp(-_log_t_from_acosh(_t(i) + 1.0, a))
+    return torch.exp(-_log_t_from_acosh(i + 1.0, a))
 
 
 def chebyshev_rate_bound(kappa, i) -> torch.Tensor:
     """``1/T_{i+1}(1/rho) <= 2 R_a^{i+1}`` (since ``T_k(1/rho) >= (R_a^-k + R_a^k)/2``)."""
-    return 2.0 * contraction_rate(kappa) ** (_t(i) + 1.0)
+    return 2.0 * contraction_rate(kappa) ** (_index(i) + 1.0)
 
 
 def _abs_chebyshev_t_max(k, t_lo, t_hi) -> torch.Tensor:
@@ -110,7 +148,13 @@ def chebyshev_bound_for_constants(step, rho2, lam_min, lam_max, i) -> torch.Tens
     > 1 (growth, honestly reported) when the stored matrix has an eigenvalue <= 0.
     ``rho2 = 0`` (L = mu) degenerates to Richardson: ``max |1 - step lam|^{i+1}``.
     """
-    step, rho2, lo, hi, k = _t(step), _t(rho2), _t(lam_min), _t(lam_max), _t(i) + 1.0
+    step, rho2, lo, hi = (
+        _real(n, v)
+        for n, v in (("step", step), ("rho2", rho2), ("lam_min", lam_min), ("lam_max", lam_max))
+    )
+    k = _index(i) + 1.0
+    if rho2.numel() and not bool(((rho2 >= 0) & (rho2 <= 1)).all()):
+        raise ValueError(f"rho2 must be in [0, 1], got {rho2}")
     rho_p = torch.sqrt(rho2)
     safe = torch.where(rho_p > 0, rho_p, torch.ones_like(rho_p))
     t_hi, t_lo = (1.0 - step * lo) / safe, (1.0 - step * hi) / safe
@@ -129,46 +173,46 @@ def with_evaluation_slack(bound, i) -> torch.Tensor:
     ``i u``; the measured errors bottom out at ~1e-31 (double-double ground truth). Spectral ends
     must be widened by the caller (``analysis.bounds.checks.spectral_interval``).
     """
-    b = _t(bound)
+    b, i = _real("bound", bound), _index(i)
     logb = torch.log(b.clamp_min(torch.finfo(_F64).tiny)).abs()
-    return b * (1.0 + 2.0**-50 * (8.0 + 4.0 * logb + _t(i))) + 1e-30
+    return b * (1.0 + 2.0**-50 * (8.0 + 4.0 * logb + i)) + 1e-30
 
 
 def gd_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*|| / ||x*|| <= ((kappa - 1)/(kappa + 1))^i``: gradient descent with step
     2/(L + mu) (solvers/gradient.py; Nesterov 2004, Thm 2.1.15 specialised to quadratics)."""
-    kappa = _t(kappa)
-    return ((kappa - 1.0) / (kappa + 1.0)) ** _t(i)
+    kappa = _kappa(kappa)
+    return ((kappa - 1.0) / (kappa + 1.0)) ** _index(i)
 
 
 def gd_bound_for_step(step, lam_min, lam_max, i) -> torch.Tensor:
     """``max_{lam in [lam_min, lam_max]} |1 - step lam|^i``: GD's exact worst case for the step
     actually used (equals :func:`gd_bound` for step = 2/(L+mu) and the spectrum [mu, L])."""
-    step, lo, hi = _t(step), _t(lam_min), _t(lam_max)
-    return torch.maximum((1.0 - step * lo).abs(), (1.0 - step * hi).abs()) ** _t(i)
+    step, lo, hi = _real("step", step), _real("lam_min", lam_min), _real("lam_max", lam_max)
+    return torch.maximum((1.0 - step * lo).abs(), (1.0 - step * hi).abs()) ** _index(i)
 
 
 def cg_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*||_H / ||x*||_H <= 2 R_a^i``: CG in the H-norm (solvers/cg.py; Saad,
     *Iterative Methods*, Thm 6.29). Exact arithmetic; kappa of the matrix itself; ``inf`` for
     kappa = inf (an indefinite matrix: no H-norm, no bound)."""
-    kappa = _t(kappa)
-    b = 2.0 * contraction_rate(kappa) ** _t(i)
+    kappa = _kappa(kappa)
+    b = 2.0 * contraction_rate(kappa) ** _index(i)
     return torch.where(torch.isinf(kappa), torch.full_like(b, float("inf")), b)
 
 
 def cg_bound_2norm(kappa, i) -> torch.Tensor:
     """:func:`cg_bound` in the 2-norm: ``||e||_2 <= ||e||_H / sqrt(lam_min)`` and
     ``||x*||_H <= sqrt(lam_max) ||x*||_2`` give ``||x_i - x*||/||x*|| <= sqrt(kappa) 2 R_a^i``."""
-    return torch.sqrt(_t(kappa)) * cg_bound(kappa, i)
+    return torch.sqrt(_kappa(kappa)) * cg_bound(kappa, i)
 
 
 def agd_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*|| / ||x*|| <= sqrt((kappa + 1)(1 - 1/sqrt(kappa))^i)`` for Nesterov's method
     with step 1/L and momentum (sqrt kappa - 1)/(sqrt kappa + 1) from x_0 = 0, spectrum in
     [mu, L] (Nesterov 2004, Thm 2.2.3 with f - f* = e^T H e / 2; solvers/gradient.py)."""
-    kappa = _t(kappa)
-    return torch.sqrt((kappa + 1.0) * (1.0 - 1.0 / torch.sqrt(kappa)) ** _t(i))
+    kappa = _kappa(kappa)
+    return torch.sqrt((kappa + 1.0) * (1.0 - 1.0 / torch.sqrt(kappa)) ** _index(i))
 
 
 def omega_star(rho_) -> torch.Tensor:
@@ -182,15 +226,15 @@ def omega_star(rho_) -> torch.Tensor:
 
 def omega_contraction(kappa) -> torch.Tensor:
     """``R = (kappa - 1)/(kappa + 1) * (sqrt kappa - 1)/(sqrt kappa + 1)`` (GKA Lemma 4)."""
-    kappa = _t(kappa)
+    kappa = _kappa(kappa)
     return (kappa - 1.0) / (kappa + 1.0) * contraction_rate(kappa)
 
 
 def omega_gap_bound(kappa, i) -> torch.Tensor:
     """``omega_i - omega_1* <= R^i (omega_0 - omega_1*)`` with omega_0 = 2 (GKA Lemma 4)."""
-    kappa = _t(kappa)
+    kappa = _kappa(kappa)
     r = (kappa - 1.0) / (kappa + 1.0)
-    return omega_contraction(kappa) ** _t(i) * (2.0 - omega_star(r))
+    return omega_contraction(kappa) ** _index(i) * (2.0 - omega_star(r))
 
 
 __all__ = [

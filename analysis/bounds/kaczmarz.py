@@ -40,8 +40,25 @@ import math
 import torch
 
 from solvers import Arith
+from solvers import validation as _v
 
 _F64 = torch.float64
+
+
+def _system_matrix(A) -> torch.Tensor:
+    A = _v.tensor("A", A, min_ndim=2)
+    if 0 in A.shape:
+        raise ValueError(f"A must be non-empty (batch, m, n all >= 1), got shape {tuple(A.shape)}")
+    return A
+
+
+def _relaxation(relaxation, eps) -> tuple:
+    """``0 < omega < 2`` and ``eps >= 0``: what every bound here assumes (``||P_s||_2 <= 1``)."""
+    if isinstance(relaxation, bool) or not isinstance(relaxation, (int, float)):
+        raise TypeError(f"relaxation must be a float, got {type(relaxation).__name__}")
+    if not 0 < relaxation < 2:
+        raise ValueError(f"relaxation must be in (0, 2), got {relaxation}")
+    return float(relaxation), _v.tolerance("eps", eps)
 
 
 def gamma(n, u: float):
@@ -55,7 +72,7 @@ def gamma(n, u: float):
 
 def strohmer_vershynin_rate(A: torch.Tensor) -> torch.Tensor:
     """``1 - 1/kappa_F^2`` with ``kappa_F = ||A||_F / sigma_min(A)`` (float64, per system)."""
-    A = A.to(_F64)
+    A = _system_matrix(A).to(_F64)
     s = torch.linalg.svdvals(A)
     kappa_f = torch.linalg.matrix_norm(A) / s[..., -1]
     return 1.0 - 1.0 / kappa_f**2
@@ -67,6 +84,12 @@ def random_expected_sq_error(A: torch.Tensor, e0: torch.Tensor, steps: int) -> t
 
     ``e_{k+1} = P_i e_k`` with ``P_i = I - a_i a_i^T/||a_i||^2``, so ``X_k = E[e_k e_k^T]`` obeys
     ``X_{k+1} = sum_i p_i P_i X_k P_i`` and ``E||e_k||^2 = tr X_k``. A single system (2-D A)."""
+    A, e0 = _system_matrix(A), _v.tensor("e0", e0, min_ndim=1)
+    if A.ndim != 2 or tuple(e0.shape) != (A.shape[-1],):
+        raise ValueError(
+            f"A must be one (m, n) matrix and e0 (n,), got {tuple(A.shape)} and {tuple(e0.shape)}"
+        )
+    steps = _v.count("steps", steps)
     A, e0 = A.to(_F64), e0.to(_F64)
     norms2 = (A * A).sum(-1)
     keep = norms2 > 0
@@ -87,7 +110,8 @@ def sweep_operator(A: torch.Tensor, *, relaxation: float = 1.0, eps: float = 0.0
 
     ``D_eps = diag(||a_i||^2 + eps)``, L the strict lower part of ``A A^T``. Rows with
     ``||a_i||^2 + eps = 0`` are skipped by the solver and dropped here."""
-    A = A.to(_F64)
+    A = _system_matrix(A).to(_F64)
+    relaxation, eps = _relaxation(relaxation, eps)
     den = (A * A).sum(-1) + eps
     if A.ndim == 2:
         A = A[den > 0]
@@ -104,6 +128,10 @@ def cyclic_error_bound(
     A: torch.Tensor, e0_norm, sweeps: int, *, relaxation: float = 1.0, eps: float = 0.0
 ) -> torch.Tensor:
     """``||M^k||_2 ||e_0||``, k = 0..sweeps: the exact worst case over e_0 of that norm."""
+    sweeps = _v.count("sweeps", sweeps)
+    e0_norm = _v.parameter("e0_norm", e0_norm, torch.Size(A.shape[:-2]), "cpu")
+    if e0_norm.numel() and not bool((e0_norm >= 0).all()):
+        raise ValueError("e0_norm must be >= 0")
     M = sweep_operator(A, relaxation=relaxation, eps=eps)
     Mk = torch.eye(M.shape[-1], dtype=_F64).expand_as(M)
     out = []
@@ -134,8 +162,33 @@ def kaczmarz_rounding_bound(
     Two runs of the same steps differ by the linear parts ``P_s = I - omega a_i a_i^T / (||a_i||^2 + eps)``
     of the steps after it, so ``E_k = ||P_m..P_1||_2 E_{k-1} + sum_s ||P_m..P_{s+1}||_2 delta_s`` for the
     rows actually used (every ``||P_s||_2 <= 1`` for 0 < omega < 2, eps >= 0)."""
-    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
+    A = _system_matrix(A)
+    b = _v.tensor("b", b, min_ndim=1)
+    if b.shape[-1] != A.shape[-2]:
+        raise ValueError(f"b has last dimension {b.shape[-1]} but A has {A.shape[-2]} rows")
+    if x0 is not None:
+        x0 = _v.tensor("x0", x0, min_ndim=1)
+        if x0.shape[-1] != A.shape[-1]:
+            raise ValueError(
+                f"x0 has last dimension {x0.shape[-1]} but A has {A.shape[-1]} columns"
+            )
+    sweeps = _v.count("sweeps", sweeps)
+    relaxation, eps = _relaxation(relaxation, eps)
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
+    batch = _v.batch_shape(
+        "A, b and x0", A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1]
+    )
     m, n = A.shape[-2:]
+    if rows is not None:
+        if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64):
+            raise TypeError("rows must be an integer tensor (sweeps, *batch, m) of row indices")
+        if rows.shape[0] < sweeps or rows.shape[-1] != m:
+            raise ValueError(
+                f"rows must have shape (>= sweeps, *batch, {m}), got {tuple(rows.shape)}"
+            )
+        if rows.numel() and not bool(((rows >= 0) & (rows < m)).all()):
+            raise ValueError(f"rows must hold row indices in [0, {m})")
     A = A.to(_F64).expand(*batch, m, n)
     b = b.to(_F64).expand(*batch, m)
     x = torch.zeros(*batch, n, dtype=_F64) if x0 is None else x0.to(_F64).expand(*batch, n)

@@ -56,6 +56,7 @@ from solvers import agd as agd_solver
 from solvers import cg as cg_solver
 from solvers import chebyshev as chebyshev_solver
 from solvers import gd as gd_solver
+from solvers import validation as _v
 
 from . import mp as amp
 from .metrics import backward_error
@@ -334,7 +335,13 @@ def _cached(kind: str, key: str, compute, recompute: bool):
 
 
 def _flat_systems(H: torch.Tensor, q: torch.Tensor):
-    batch = torch.broadcast_shapes(H.shape[:-2], q.shape[:-1])
+    H = _v.square_matrix("H", H)
+    q = _v.tensor("q", q, min_ndim=1)
+    if q.shape[-1] != H.shape[-1]:
+        raise ValueError(f"q has last dimension {q.shape[-1]} but H is {H.shape[-2]}x{H.shape[-1]}")
+    if H.shape[-1] == 0:
+        raise ValueError(f"H must have D >= 1, got shape {tuple(H.shape)}")
+    batch = _v.batch_shape("H and q", H.shape[:-2], q.shape[:-1])
     D = H.shape[-1]
     Hf = H.expand(*batch, D, D).reshape(-1, D, D)
     qf = q.expand(*batch, D).reshape(-1, D)
@@ -462,6 +469,8 @@ def replay(
     if NEEDS_BOUNDS[method] and (L is None or mu is None):
         raise TypeError(f"{method} needs L and mu")
     batch, D, Hf, qf = _flat_systems(H, q)
+    if NEEDS_BOUNDS[method]:
+        _v.spectrum_bounds(_v.parameter("L", L, batch, "cpu"), _v.parameter("mu", mu, batch, "cpu"))
     n = Hf.shape[0]
     exact = exact_solution(H, q, dps=dps, recompute=recompute)
     xs = HighPrecision(exact.x.hi.reshape(-1, D), exact.x.lo.reshape(-1, D))

@@ -395,6 +395,7 @@ def gka_kernel_variant(contract=None, broken_variant=None):
     grads.__qualname__ = (
         f"gka_kernel_variant(contract={contract!r}, broken_variant={broken_variant!r})"
     )
+    grads.__svt_triton__ = True  # kernels.gka_layer is Triton (svt_pytest skips it on a bare CPU)
     return grads
 
 
@@ -495,6 +496,18 @@ def gka_layer_backward(
         raise ValueError(
             f"gates must be a non-empty subset of ('none', 'weak', 'strong'), got {gates!r}"
         )
+    pos_int = lambda x: isinstance(x, int) and not isinstance(x, bool) and x > 0  # noqa: E731
+    pos_num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0  # noqa: E731
+    for name, val, ok in (
+        ("dims", dims, pos_int),
+        ("a_values", a_values, pos_num),
+        ("iters_values", iters_values, pos_int),
+    ):
+        if isinstance(val, (str, int, float)) or not val or not all(ok(x) for x in val):
+            raise ValueError(f"{name} must be a non-empty tuple of positive numbers, got {val!r}")
+    for name, val in (("max_T", max_T), ("chunk_size", chunk_size)):
+        if not pos_int(val):
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
     cases = _gka_case(
         max_T=max_T,
         dims=tuple(dims),

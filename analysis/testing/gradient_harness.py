@@ -191,6 +191,7 @@ def gradients_of(forward):
 
     grads.__qualname__ = f"gradients_of({getattr(forward, '__qualname__', forward)})"
     grads.__module__ = getattr(forward, "__module__", "?")
+    grads.__wrapped__ = forward  # what it runs (svt_pytest reads Triton off it)
     return grads
 
 
@@ -204,9 +205,14 @@ def kla_kernel_variant(**fixed):
     forward.__qualname__ = (
         "kla_kernel_forward(" + ", ".join(f"{k}={v!r}" for k, v in fixed.items()) + ")"
     )
+    forward.__svt_triton__ = True
     return gradients_of(forward)
 
 
+# Triton kernels behind these forwards (imported when they run): the pytest plugin skips them on
+# a CPU without Triton's interpreter instead of failing (svt_pytest reads ``__svt_triton__``)
+kla_kernel_forward.__svt_triton__ = True
+fla_gdn_forward.__svt_triton__ = True
 reference_gradients = gradients_of(recurrent_forward)
 kla_kernel_gradients = gradients_of(kla_kernel_forward)
 fla_gdn_gradients = gradients_of(fla_gdn_forward)
@@ -463,6 +469,60 @@ def _case(
     init = draw(st.booleans())
     final = draw(st.booleans())
     uniform = positive and draw(st.booleans())
+    return kla_grad_case(
+        mode=mode,
+        B=B,
+        T=T,
+        H=H,
+        HV=HV,
+        d_k=d_k,
+        d_v=d_v,
+        C=C,
+        packed=bool(packed),
+        gates=gates,
+        betas=betas,
+        init=bool(init),
+        final=bool(final),
+        uniform=bool(uniform),
+        seed=seed,
+        device=str(device),
+    )
+
+
+def kla_grad_case(
+    *,
+    mode,
+    B,
+    T,
+    H,
+    HV,
+    d_k,
+    d_v,
+    C,
+    packed=False,
+    gates="weak",
+    betas="small",
+    init=False,
+    final=False,
+    uniform=False,
+    seed=0,
+    device="cpu",
+) -> Case:
+    """One case of :func:`kla_backward`, rebuilt from what the strategy drew (the snippet of a
+    failing case calls this): ``mode`` in :data:`MODES`; ``packed``: B = 1 and cu_seqlens cuts T
+    into 2-3 sequences; ``gates`` in :data:`GATE_REGIMES`; ``betas`` ``"small"``, ``"large"`` or
+    ``"mixed"``; ``init``, ``final``: a random (else zero) h0 and dht; ``uniform``: q, k, v with
+    entries in [0, 1); ``seed``: the generator of every tensor."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if gates not in GATE_REGIMES:
+        raise ValueError(f"gates must be one of {GATE_REGIMES}, got {gates!r}")
+    if betas not in ("small", "large", "mixed"):
+        raise ValueError(f"betas must be one of ('small', 'large', 'mixed'), got {betas!r}")
+    if HV % H:
+        raise ValueError(f"HV must be a multiple of H, got HV={HV}, H={H}")
+    if packed and (B != 1 or T < 3):
+        raise ValueError(f"packed needs B=1 and T >= 3, got B={B}, T={T}")
     gen = torch.Generator().manual_seed(seed)
     f64 = dict(dtype=torch.float64, generator=gen)
     k = _unit_rows(torch.randn(B, T, H, d_k, **f64))
@@ -518,7 +578,31 @@ def _case(
         "chunk_size": C,
         "cu_seqlens": None if cu is None else cu.to(device),
     }
-    return Case({n: x.to(device) for n, x in inputs.items()}, opts, label)
+    kw = dict(
+        mode=mode,
+        B=B,
+        T=T,
+        H=H,
+        HV=HV,
+        d_k=d_k,
+        d_v=d_v,
+        C=C,
+        packed=packed,
+        gates=gates,
+        betas=betas,
+        init=init,
+        final=final,
+        uniform=uniform,
+        seed=seed,
+        device=str(device),
+    )
+    return Case(
+        {n: x.to(device) for n, x in inputs.items()},
+        opts,
+        label,
+        build="analysis.testing.gradient_harness.kla_grad_case",
+        build_kwargs=kw,
+    )
 
 
 def _scales_for(gate_dtype, kernel_inner):
@@ -573,6 +657,14 @@ def kla_backward(
     bad = set(gates) - set(GATE_REGIMES)
     if not gates or bad:
         raise ValueError(f"gates must be a non-empty subset of {GATE_REGIMES}, got {gates!r}")
+    if isinstance(modes, str) or not modes or set(modes) - set(MODES):
+        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {modes!r}")
+    for name, val in (("dims", dims), ("heads", heads)):
+        if isinstance(val, (str, int)) or not val or not all(_positive_int(x) for x in val):
+            raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {val!r}")
+    for name, val in (("max_T", max_T), ("chunk_size", chunk_size)):
+        if not _positive_int(val):
+            raise ValueError(f"{name} must be a positive int, got {val!r}")
     cases = _case(
         dims=tuple(dims),
         max_T=max_T,
@@ -596,6 +688,10 @@ def kla_backward(
     )
 
 
+def _positive_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
 def with_gate_dtype(fn, gate_dtype):
     """``fn`` with the keyword ``gate_dtype`` fixed (the harness passes only case options)."""
 
@@ -604,6 +700,7 @@ def with_gate_dtype(fn, gate_dtype):
 
     bound.__qualname__ = getattr(fn, "__qualname__", repr(fn))
     bound.__module__ = getattr(fn, "__module__", "?")
+    bound.__wrapped__ = fn  # what it runs (svt_pytest reads Triton off it)
     return bound
 
 
@@ -622,6 +719,7 @@ __all__ = [
     "gradients_of",
     "inconclusive",
     "kla_backward",
+    "kla_grad_case",
     "kla_kernel_gradients",
     "kla_kernel_variant",
     "product_rounding",
