@@ -34,6 +34,8 @@ import torch
 
 from analysis.precision import gamma
 
+from .kaczmarz import _kla_inputs
+
 F64 = torch.float64
 U = 2.0**-24
 U_DOT = 2.0**-23
@@ -121,6 +123,17 @@ def kla_kernel_bound(
     ``kernels.kla_chunkwise`` with ``input_precision`` on inputs of ``input_dtype`` (q, k, v,
     alpha, eta, initial_state as the kernel received them, any float dtype), exact values in
     float64. See the module docstring for the model; chunk_size 16, 32 or 64."""
+    if isinstance(chunk_size, bool) or chunk_size not in (16, 32, 64):
+        raise ValueError(f"chunk_size must be 16, 32 or 64, got {chunk_size!r}")
+    if not isinstance(input_precision, str) or input_precision not in OPERAND_ROUNDING:
+        raise ValueError(
+            f"input_precision must be one of {tuple(OPERAND_ROUNDING)}, got {input_precision!r}"
+        )
+    if not isinstance(input_dtype, torch.dtype) or not input_dtype.is_floating_point:
+        raise TypeError(f"input_dtype must be a floating torch.dtype, got {input_dtype!r}")
+    eps = _kla_inputs(
+        q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, zero_queries=True
+    )
     C = chunk_size
     NB = C // SUB
     u_op = OPERAND_ROUNDING[input_precision]

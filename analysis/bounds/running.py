@@ -47,6 +47,7 @@ also checks every step's implied local error and the bound's recurrence (:class:
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -57,6 +58,7 @@ from analysis.precision import by_label, gamma
 from analysis.references import mp as amp
 from analysis.references.iterative import ErrorSplit, working_constants
 from solvers import Arith, omega_schedule
+from solvers import validation as _v
 
 METHODS = ("chebyshev", "gd", "agd")
 
@@ -263,8 +265,22 @@ def local_bounds(method: str, H, q, iterates, *, L, mu, arith: Arith, omegas=Non
     solver's own schedule in the compute dtype (:func:`working_omegas`).
     """
     _check_method(method)
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
+    H = _v.square_matrix("H", H)
+    if H.shape[-1] == 0:
+        raise ValueError(f"H must be at least 1x1, got shape {tuple(H.shape)}")
+    q = _v.tensor("q", q, min_ndim=1)
+    if q.shape[-1] != H.shape[-1]:
+        raise ValueError(f"q has last dimension {q.shape[-1]} but H is {H.shape[-2]}x{H.shape[-1]}")
+    for name, x in (("L", L), ("mu", mu)):
+        if isinstance(x, bool) or not isinstance(x, (numbers.Real, torch.Tensor)):
+            raise TypeError(f"{name} must be a float or a tensor, got {type(x).__name__}")
+        if isinstance(x, torch.Tensor) and not x.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
     if (
         not isinstance(iterates, torch.Tensor)
+        or not iterates.is_floating_point()
         or iterates.ndim < 2
         or iterates.shape[-1] != H.shape[-1]
     ):
@@ -277,8 +293,10 @@ def local_bounds(method: str, H, q, iterates, *, L, mu, arith: Arith, omegas=Non
     batch = its.shape[1:-1]
     H64 = H64.expand(*batch, *H64.shape[-2:])
     q64 = q64.expand(*batch, q64.shape[-1])
-    Lb = torch.broadcast_to(torch.as_tensor(L, dtype=_F64), batch)
-    mb = torch.broadcast_to(torch.as_tensor(mu, dtype=_F64), batch)
+    _v.batch_shape("H, q and iterates", H.shape[:-2], q.shape[:-1], batch)
+    Lb = _v.parameter("L", L, batch, "cpu")
+    mb = _v.parameter("mu", mu, batch, "cpu")
+    _v.spectrum_bounds(Lb, mb)
     consts = working_constants(method, Lb, mb, arith)
     m = _Model(arith, H64)
     step = _batched_constant(consts["step"], batch)

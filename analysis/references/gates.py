@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import mpmath
 
-from solvers.gates import BalancedGate, SoftplusGate
+from solvers.gates import BalancedGate, SigmoidGate, SoftplusGate
 
 
 def exact_gate_functions(gate) -> dict:
@@ -19,6 +19,11 @@ def exact_gate_functions(gate) -> dict:
     SoftplusGate: the printed form 1 - exp(-softplus(z)) (exactly the sigmoid, which the
     checks then observe rather than assume; its derivative is s(1 - s) of that value).
     """
+    if not isinstance(gate, (BalancedGate, SigmoidGate)):
+        raise TypeError(
+            f"gate must be a solvers.gates BalancedGate, SigmoidGate or SoftplusGate, "
+            f"got {type(gate).__name__}"
+        )
     if isinstance(gate, BalancedGate):
         a, b = mpmath.mpf(gate.a), mpmath.mpf(gate.b)
 

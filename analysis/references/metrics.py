@@ -22,26 +22,73 @@ from __future__ import annotations
 import mpmath
 import torch
 
+from solvers import validation as _v
+
 from . import mp as amp
 from .mp import HighPrecision
+
+
+def _float(name: str, x, *, min_ndim: int = 1, finite: bool = True) -> torch.Tensor:
+    """A floating tensor with ``ndim >= min_ndim`` (finite unless ``finite=False``: an iterate
+    may have diverged, and measures as such)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}"
+        )
+    if finite:
+        _v.finite(name, x)
+    return x
+
+
+def _matrix(A) -> torch.Tensor:
+    A = _float("A", A, min_ndim=2)
+    if A.shape[-1] != A.shape[-2] or A.shape[-1] == 0:
+        raise ValueError(f"A must be square (..., D, D) with D >= 1, got shape {tuple(A.shape)}")
+    return A
+
+
+def _vectors(A: torch.Tensor, **named) -> None:
+    """Each named vector ``(..., D)`` matches A's D and broadcasts with A's batch."""
+    for name, x in named.items():
+        if x.shape[-1] != A.shape[-1]:
+            raise ValueError(
+                f"{name} has last dimension {x.shape[-1]} but A is {A.shape[-2]}x{A.shape[-1]}"
+            )
+    _v.batch_shape(
+        "A and " + ", ".join(named), A.shape[:-2], *(x.shape[:-1] for x in named.values())
+    )
 
 
 def _as_reference(x_star) -> HighPrecision:
     if isinstance(x_star, HighPrecision):
         return x_star
-    x_star = x_star.to(torch.float64)
+    x_star = _float("x_star", x_star).to(torch.float64)
     return HighPrecision(x_star, torch.zeros_like(x_star))
 
 
 def relative_forward_error(x: torch.Tensor, x_star) -> torch.Tensor:
     """``||x - x*||_2 / ||x*||_2`` over the last dimension (x* a tensor or a HighPrecision)."""
     ref = _as_reference(x_star)
-    return ref.distance(x) / ref.norm()
+    x = _float("x", x, finite=False)
+    if x.shape[-1] != ref.hi.shape[-1]:
+        raise ValueError(f"x has last dimension {x.shape[-1]} but x_star has {ref.hi.shape[-1]}")
+    _v.batch_shape("x and x_star", x.shape[:-1], ref.hi.shape[:-1])
+    n = ref.norm()
+    if bool((n == 0).any()):
+        raise ValueError("x_star has a zero vector: the relative error is undefined")
+    return ref.distance(x) / n
 
 
 def a_norm_error(A: torch.Tensor, x: torch.Tensor, x_star) -> torch.Tensor:
     """``||x - x*||_A / ||x*||_A`` for SPD ``A`` (the norm of CG's bound ``2 R_a^i``)."""
     ref = _as_reference(x_star)
+    A = _matrix(A)
+    x = _float("x", x, finite=False)
+    _vectors(A, x=x, x_star=ref.hi)
     A64 = A.to(torch.float64)
     e = ref.difference(x)
 
@@ -77,6 +124,12 @@ def _residual_mp(A: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Ten
 def residual_norm(A: torch.Tensor, q: torch.Tensor, x: torch.Tensor, *, exact=None) -> torch.Tensor:
     """``||q - A x||_2`` of stored values; ``exact`` (default: when any input is float64)
     forms it in mpmath, otherwise in float64."""
+    A = _matrix(A)
+    q = _float("q", q)
+    x = _float("x", x, finite=False)
+    _vectors(A, q=q, x=x)
+    if exact is not None and not isinstance(exact, bool):
+        raise TypeError(f"exact must be a bool or None, got {type(exact).__name__}")
     if exact is None:
         exact = torch.float64 in (A.dtype, q.dtype, x.dtype)
     if exact:
@@ -93,6 +146,7 @@ def residual_norms(A: torch.Tensor, q: torch.Tensor, iterates: torch.Tensor) -> 
 
 def spectral_norm(A: torch.Tensor) -> torch.Tensor:
     """``||A||_2`` of a symmetric stored matrix, from its float64 eigenvalues."""
+    A = _matrix(A)
     return torch.linalg.eigvalsh(A.to(torch.float64)).abs().amax(dim=-1)
 
 
