@@ -32,6 +32,23 @@ def tensor(name: str, x, *, min_ndim: int = 0) -> torch.Tensor:
     return x
 
 
+def floating(name: str, x, *, min_ndim: int = 1, finite_values: bool = True) -> torch.Tensor:
+    """``x`` must be a floating tensor of any float dtype (measurements and bounds widen it
+    exactly to float64) with ``ndim >= min_ndim``, finite unless ``finite_values=False`` (an
+    iterate may have diverged, and is measured as such)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
+    if x.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}"
+        )
+    if finite_values:
+        finite(name, x)
+    return x
+
+
 def finite(name: str, x: torch.Tensor) -> None:
     # A meta tensor has no values to check (its device is checked by same_kind).
     if x.device.type == "meta":

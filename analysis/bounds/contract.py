@@ -100,16 +100,7 @@ class LinearRun:
 
 def _float_tensor(name: str, x, min_ndim: int) -> torch.Tensor:
     """A finite floating tensor of any float dtype (the bounds widen it exactly to float64)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-    if x.ndim < min_ndim:
-        raise ValueError(
-            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}"
-        )
-    _v.finite(name, x)
-    return x
+    return _v.floating(name, x, min_ndim=min_ndim)
 
 
 def _matrix(name: str, H) -> torch.Tensor:

@@ -31,17 +31,7 @@ from .mp import HighPrecision
 def _float(name: str, x, *, min_ndim: int = 1, finite: bool = True) -> torch.Tensor:
     """A floating tensor with ``ndim >= min_ndim`` (finite unless ``finite=False``: an iterate
     may have diverged, and measures as such)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-    if x.ndim < min_ndim:
-        raise ValueError(
-            f"{name} must have at least {min_ndim} dimensions, got shape {tuple(x.shape)}"
-        )
-    if finite:
-        _v.finite(name, x)
-    return x
+    return _v.floating(name, x, min_ndim=min_ndim, finite_values=finite)
 
 
 def _matrix(A) -> torch.Tensor:
