@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from solvers import validation as check
-from solvers.solve_info import Status
+from solvers.solve_info import Status, power_of_two_scale
 
 from . import _launch as launch
 from ._matvec import load_matrix, load_vector, matvec, store_vector
@@ -148,7 +148,9 @@ def cg(
     xs = launch.empty_out((iters + 1, N, D) if return_info else (1, 1, 1), odt, q2.device)
     if N and not D:  # no kernel runs: r = 0 from the start, converged as the reference's
         flags.fill_(1)
-    scale = _batch_scale(q2)  # CG is homogeneous in (q, x): solve for scale q, exactly
+    # CG is homogeneous in (q, x): solve for q scaled by one power of two for the batch, exactly
+    # (on the device: no host sync)
+    scale = power_of_two_scale(q2, dim=None, inverse=True)
     q_in = q2 * scale
     x0_in = None if x02 is None else x02 * scale
     atol_in = float(atol * scale) if atol > 0 else 0.0  # the residual scales with q
@@ -190,17 +192,6 @@ def cg(
     return x, launch.info(
         H2, q2, batch, x, xs, launch.precision_label(H2.dtype, precision), status=status
     )
-
-
-def _batch_scale(q2: torch.Tensor) -> torch.Tensor:
-    """A 0-d power of two near ``1 / max|q|`` over the batch (1 for q = 0), in q's dtype, clamped
-    to [2^-126, 2^126] so that it and its inverse are normal in bf16 and float32 (no host sync)."""
-    m = q2.abs().amax() if q2.numel() else torch.zeros((), dtype=q2.dtype, device=q2.device)
-    m = m.to(torch.float32)
-    ok = torch.isfinite(m) & (m > 0)
-    _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
-    e = torch.where(ok, e, torch.ones_like(e)) - 1
-    return torch.ldexp(torch.ones_like(m), (-e).clamp(-126, 126).to(m.dtype)).to(q2.dtype)
 
 
 def _initial_guess(x0, H, batch, D: int) -> torch.Tensor:

@@ -26,13 +26,12 @@ history records the true residual.
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch
 
 from . import validation as check
-from .solve_info import Status, build_info, nonfinite_status
+from .solve_info import Status, build_info, nonfinite_status, power_of_two_scale
 from .system import prepare
 
 
@@ -76,7 +75,7 @@ def cg(
     # so every rounding is the unscaled run's) and scale x back. Without this, ||q||^2
     # overflows (q ~ 1e20 in float32) or underflows (q ~ 1e-25) and every system froze at x0
     # with status CONVERGED.
-    scale = _rhs_scale(sys.q)
+    scale = power_of_two_scale(sys.q, inverse=True).unsqueeze(-1)  # (*batch, 1)
     qs = sys.q * scale
     if x0 is None:
         x = torch.zeros_like(qs)
@@ -144,19 +143,6 @@ def cg(
         "betas": torch.stack(betas) if betas else empty,
     }
     return x, build_info(Hs, sys.q, iterates, status, ar.label, scalars)
-
-
-def _rhs_scale(q: torch.Tensor) -> torch.Tensor:
-    """``(*batch, 1)``: per system a power of two near ``1 / max|q|`` (1 for q = 0), in q's dtype,
-    clamped so that it and its inverse are normal numbers of that dtype."""
-    m = q.abs().amax(dim=-1, keepdim=True).to(torch.float64) if q.shape[-1] else None
-    if m is None:
-        return torch.ones((*q.shape[:-1], 1), dtype=q.dtype, device=q.device)
-    ok = torch.isfinite(m) & (m > 0)
-    _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
-    e = torch.where(ok, e, torch.ones_like(e)) - 1
-    emax = int(math.log2(torch.finfo(q.dtype).max)) - 1  # 126 (bf16, float32), 1022 (float64)
-    return torch.ldexp(torch.ones_like(m), (-e).clamp(-emax, emax).to(m.dtype)).to(q.dtype)
 
 
 def initial_guess(x0, q: torch.Tensor, H: torch.Tensor) -> torch.Tensor:

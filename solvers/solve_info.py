@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -124,21 +125,32 @@ def norm64(v: torch.Tensor) -> torch.Tensor:
     squares: v is scaled by a power of two (exactly) near its largest entry first, so the norm
     is inf only when the norm itself exceeds float64's range (||q|| of q ~ 1e300 is finite)."""
     v = v.to(torch.float64)
-    scale = _power_of_two_scale(v)
+    scale = power_of_two_scale(v)
     return torch.linalg.vector_norm(v / scale.unsqueeze(-1), dim=-1) * scale
 
 
-def _power_of_two_scale(v: torch.Tensor) -> torch.Tensor:
-    """Per vector of the last axis: 2^e with e the exponent of its largest finite |entry| (1 for
-    a zero or non-finite vector, whose norm is 0, inf or NaN either way)."""
-    m = (
-        v.abs().amax(dim=-1)
-        if v.shape[-1]
-        else torch.zeros(v.shape[:-1], dtype=v.dtype, device=v.device)
-    )
+def power_of_two_scale(v: torch.Tensor, *, dim=-1, inverse: bool = False) -> torch.Tensor:
+    """Per slice along ``dim`` (every entry if ``dim`` is None): ``2^e`` with e the exponent of
+    the largest |entry| (``max / 2^e`` in [1/2, 1)), or with ``inverse`` a power of two near
+    ``1 / max`` (``max * s`` in [1, 2)) clamped so that it and its inverse are normal in v's dtype;
+    1 for a zero, empty or non-finite slice. Scaling by it is exact, so a computation that is
+    homogeneous in v (a norm, CG) can run on ``v * s`` without leaving the dtype's range."""
+    if dim is None:
+        m = v.abs().amax() if v.numel() else v.new_zeros(())
+    else:
+        m = (
+            v.abs().amax(dim=dim)
+            if v.shape[dim]
+            else torch.zeros(v.shape[:dim] + v.shape[dim:][1:], dtype=v.dtype, device=v.device)
+        )
+    m = m.to(torch.float64)
     ok = torch.isfinite(m) & (m > 0)
     _, e = torch.frexp(torch.where(ok, m, torch.ones_like(m)))
-    return torch.ldexp(torch.ones_like(m), e.to(m.dtype))
+    e = torch.where(ok, e, torch.zeros_like(e))
+    if inverse:
+        emax = int(math.log2(torch.finfo(v.dtype).max)) - 1  # 126 (bf16, float32), 1022 (float64)
+        e = torch.where(ok, 1 - e, torch.zeros_like(e)).clamp(-emax, emax)
+    return torch.ldexp(torch.ones_like(m), e.to(m.dtype)).to(v.dtype)
 
 
 def residual_norm64(H: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -147,7 +159,7 @@ def residual_norm64(H: torch.Tensor, q: torch.Tensor, x: torch.Tensor) -> torch.
     inputs: a run on q ~ 1e300 gets finite residual norms, and a divergence is still seen."""
     H64 = H.to(torch.float64)
     q64, x64 = q.to(torch.float64), x.to(torch.float64)  # H may be m x n (Kaczmarz): q, x differ
-    scale = torch.maximum(_power_of_two_scale(q64), _power_of_two_scale(x64)).unsqueeze(-1)
+    scale = torch.maximum(power_of_two_scale(q64), power_of_two_scale(x64)).unsqueeze(-1)
     r = q64 / scale - (H64 @ (x64 / scale).unsqueeze(-1)).squeeze(-1)
     return norm64(r) * scale.squeeze(-1)
 
