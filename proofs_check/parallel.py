@@ -22,12 +22,18 @@ from .search import run_claim, violation_message
 
 
 def _search(
-    claim_id: str, precision: str, examples: int, deterministic: bool, shrink: bool, cache: bool
+    claim_id: str,
+    precision: str,
+    examples: int,
+    deterministic: bool,
+    shrink: bool,
+    cache: bool,
+    seed=None,
 ) -> Result:
     claim = registry.get(claim_id)
     start = time.perf_counter()
     settings = (examples, deterministic, shrink)
-    use_cache = cache and deterministic
+    use_cache = cache and deterministic and seed is None  # the record keeps the default search
     if use_cache:
         calls = replay.load(claim_id, precision, settings)
         if calls is not None:
@@ -50,6 +56,7 @@ def _search(
         deterministic=deterministic,
         shrink=shrink,
         record=record,
+        seed=seed,
     )
     if use_cache and result.verdict not in (ERROR, PENDING):
         replay.save(claim_id, precision, settings, record)
@@ -117,9 +124,10 @@ def run_pairs(
     jobs: int = 1,
     cache: bool = True,
     progress: Optional[Callable[[Result], None]] = None,
+    seed=None,
 ) -> list:
     """One Result per ``(claim, precision)`` of ``pairs``, in that order."""
-    tasks = [(c.id, p, examples, deterministic, shrink, cache) for c, p in pairs]
+    tasks = [(c.id, p, examples, deterministic, shrink, cache, seed) for c, p in pairs]
     results: list = [None] * len(tasks)
     if jobs <= 1 or len(tasks) <= 1:
         for i, task in enumerate(tasks):
@@ -143,6 +151,6 @@ def run_pairs(
                 results[i] = Result(pairs[i][0], prec, tried, worst, verdict, cex, msg, secs, extra)
                 if progress is not None:
                     progress(results[i])
-    if cache and deterministic:
+    if cache and deterministic and seed is None:
         _save_timings(results)
     return results

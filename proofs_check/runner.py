@@ -22,7 +22,7 @@ import os
 import sys
 from typing import Iterable, Mapping, Optional
 
-from analysis.argtypes import HelpFormatter, OneLineParser, positive_int
+from analysis.argtypes import HelpFormatter, OneLineParser, non_negative_int, positive_int
 
 from . import registry
 from .claim import (
@@ -38,7 +38,7 @@ from .claim import (
     Result,
 )
 from .contract_route import INCONCLUSIVE
-from .search import DEFAULT_EXAMPLES, run_claim
+from .search import DEFAULT_EXAMPLES, check_seed, run_claim
 
 
 def run(
@@ -53,6 +53,7 @@ def run(
     jobs: int = 1,
     cache: bool = True,
     impl: Optional[Mapping] = None,
+    seed: Optional[int] = None,
 ) -> list:
     """Run the selected claims; one :class:`Result` per (claim, precision), in catalogue order.
 
@@ -63,8 +64,10 @@ def run(
     those of a fresh search either way. ``impl``: an implementation under test, merged over each
     claim's own mapping (:func:`proofs_check.implementations.merged`: it replaces only the
     functions it provides), searched afresh in this process and held to the precision's
-    contract (a vacuous bound makes the run ``inconclusive``).
+    contract (a vacuous bound makes the run ``inconclusive``). ``seed``: draw the cases from this
+    seed (other cases than the default deterministic search, the same on every run).
     """
+    check_seed(seed)
     if examples < 1:
         raise ValueError(f"examples must be a positive integer, got {examples}")
     wanted = None if precisions is None else list(precisions)
@@ -86,11 +89,12 @@ def run(
         jobs=jobs,
         cache=cache,
         impl=impl,
+        seed=seed,
     )
 
 
 def _run_pairs(
-    pairs: list, *, examples, deterministic, shrink, progress, jobs, cache, impl
+    pairs: list, *, examples, deterministic, shrink, progress, jobs, cache, impl, seed=None
 ) -> list:
     """:func:`run` on the ``(claim, precision)`` pairs it selected (:func:`main` selects its own)."""
     if impl is not None:  # an implementation under test: searched afresh, in this process
@@ -112,6 +116,7 @@ def _run_pairs(
                         deterministic=deterministic,
                         shrink=shrink,
                         impl=mapping,
+                        seed=seed,
                     )
                 )
             if progress is not None:
@@ -127,6 +132,7 @@ def _run_pairs(
         jobs=jobs,
         cache=cache,
         progress=progress,
+        seed=seed,
     )
 
 
@@ -430,6 +436,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="random search instead of the deterministic one (default: deterministic, replayable)",
     )
     p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        metavar="N",
+        help="draw the cases from seed N: other cases than the default search, the same on every run",
+    )
+    p.add_argument(
         "--no-shrink", action="store_true", help="report counterexamples unshrunk (faster)"
     )
     p.add_argument(
@@ -544,12 +556,20 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
     except ValueError as exc:
         parser.error(f"--claim: {exc}")
     if args.write_docs and (
-        args.paper or args.claim or args.precision or args.random or args.list or args.impl
+        args.paper
+        or args.claim
+        or args.precision
+        or args.random
+        or args.seed is not None
+        or args.list
+        or args.impl
     ):
         parser.error(
             "--write-docs runs the whole catalogue deterministically: drop --paper, --claim, --precision, "
-            "--random, --list and --impl"
+            "--random, --seed, --list and --impl"
         )
+    if args.random and args.seed is not None:
+        parser.error("--random and --seed exclude each other (a seeded search is already random)")
     empty = _empty_selection(args, selected)
     if empty:
         parser.error(empty)
@@ -593,6 +613,7 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         jobs=args.jobs,
         cache=not args.no_cache,
         impl=impl,
+        seed=args.seed,
     )
     print(format_table(results, width=table_width(args.wide, args.width)))
     if args.write_docs:

@@ -14,6 +14,7 @@ import time
 from typing import Mapping, Optional
 
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
+from hypothesis import seed as hypothesis_seed
 
 from analysis.testing.strategies.reproducible import pin_local_constants
 
@@ -44,6 +45,13 @@ def worse(a: Measurement, b: Optional[Measurement]) -> bool:
     return not math.isnan(rb) and ra > rb
 
 
+def check_seed(seed):
+    """``seed`` as given (None or a non-negative int), or ValueError naming it."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    return seed
+
+
 def run_claim(
     claim: Claim,
     precision: str,
@@ -53,13 +61,16 @@ def run_claim(
     impl: Optional[Mapping] = None,
     shrink: bool = True,
     record: Optional[list] = None,
+    seed: Optional[int] = None,
 ) -> Result:
     """Search one claim in one precision. ``impl`` replaces ``claim.implementation()``
     (how :mod:`proofs_check.broken` injects a broken implementation); such a run is held to the
     precision's contract bound where one exists and reports ``inconclusive`` instead of
     ``holds`` when a case's bound is vacuous (:mod:`proofs_check.contract_route`). ``record``: a
     list that receives ``(case, passed)`` for every call of the check, in order
-    (:mod:`proofs_check.replay`)."""
+    (:mod:`proofs_check.replay`). ``seed``: draw the cases from this seed instead (other cases
+    than the deterministic search, the same on every run; ``deterministic`` is then ignored)."""
+    seed = check_seed(seed)
     pin_local_constants()  # the cases depend on the strategy alone (analysis.testing.strategies.reproducible)
     start = time.perf_counter()
     try:
@@ -95,9 +106,11 @@ def run_claim(
     for case in reversed(claim.examples):
         test = example(case)(test)
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
     test = settings(
         max_examples=max(1, examples),
-        derandomize=deterministic,
+        derandomize=deterministic and seed is None,
         database=None,
         deadline=None,
         verbosity=Verbosity.quiet,

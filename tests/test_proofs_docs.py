@@ -105,6 +105,9 @@ def _cli(*args):
         (("--examples", "-3"), "--examples"),
         (("--examples", "0"), "--examples"),
         (("--jobs", "0"), "--jobs"),
+        (("--seed", "-1"), "--seed"),
+        (("--seed", "1", "--random"), "exclude each other"),
+        (("--seed", "1", "--write-docs"), "--seed"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(args, needle):
@@ -113,6 +116,24 @@ def test_usage_errors_are_one_line_and_exit_2(args, needle):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], out.stderr
     assert out.stdout == ""
+
+
+def test_a_seed_draws_other_cases_the_same_on_every_run():
+    """``seed``: reproducible (same seed, same cases and worst value) and not the default search
+    (another seed, or none, draws other cases); a bad seed is a ValueError naming it."""
+    claim = registry.get("gka.lemma1")
+
+    def worst(**kw):
+        r = search.run_claim(claim, "float64", examples=4, shrink=False, **kw)
+        return r.tried, r.worst.value
+
+    assert worst(seed=3) == worst(seed=3)
+    assert len({worst(seed=3), worst(seed=4), worst()}) == 3
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="seed"):
+            search.run_claim(claim, "float64", examples=1, seed=bad)
+    with pytest.raises(ValueError, match="seed"):
+        runner.run(claims=["gka.lemma1"], seed=-2)
 
 
 def test_run_rejects_nonpositive_examples():

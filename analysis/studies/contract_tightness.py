@@ -17,7 +17,8 @@ bound under that model has left): :func:`adversarial_storage_run` signs them alo
 eigenvector, :func:`strongest_storage_run` searches the signs (alternating maximisation); and
 what the store errors would cost combined componentwise in A's eigenbasis instead of by norms
 (:func:`eigenbasis_store_bound`). For ``bfloat16/operands`` it prints the same search over
-operand roundings (:func:`strongest_operand_run`).
+operand roundings (:func:`strongest_operand_run`). Last, for a power-of-two D, the same
+for :func:`binade_ridge_system`, a ridge system of GKA's form built for the stores' worst case.
 """
 
 from __future__ import annotations
@@ -127,6 +128,60 @@ def _operand_diagnostics(H, q, bound_kw, iters: int, run):
         x, exact = strongest_operand_run(A, q[s], L=L, mu=mu, iters=iters)
         out.append(torch.linalg.vector_norm(x - exact) / run.bound[-1, s])
     return torch.stack(out)
+
+
+def binade_ridge_system(
+    D: int = 128, *, a: float = 0.02, q_scale: float = 231 / 256, column: int = 5
+):
+    """A ridge system of GKA's form (``lambda = a ||H||_F``, eq. (4)) built for the stores' worst
+    case: ``H = I - w w^T / D`` with w a column of the +-1 Sylvester-Hadamard matrix (D a power of
+    two), so H is PSD with eigenvalues 0 (along w) and 1, every entry exact in bf16, and A's
+    bottom eigenvalue sits at mu = lambda, where a stored iterate's responses peak
+    (``1/(1 - R)^2`` summed). ``q = q_scale w`` (exact in bf16) puts the solution along w, every
+    component of equal size, and q_scale = 231/256 puts them just above a power of two (4.0022),
+    where a bf16 spacing is largest relative to the value. Returns (H, q) in float64, both exact
+    bf16 values; the Chebyshev interval is ``[lambda, ||H||_F + lambda]``, kappa = 51 at a = 0.02."""
+    if D < 1 or D & (D - 1):
+        raise ValueError(f"D must be a power of two, got {D}")
+    had = torch.ones((1, 1), dtype=torch.float64)
+    while had.shape[0] < D:
+        had = torch.cat([torch.cat([had, had], 1), torch.cat([had, -had], 1)], 0)
+    w = had[:, column % D]
+    H = torch.eye(D, dtype=torch.float64) - torch.outer(w, w) / D
+    return H, q_scale * w
+
+
+def binade_ridge_worst_case(D: int = 128, *, iters: int = 30, a: float = 0.02) -> dict:
+    """On :func:`binade_ridge_system`: the strongest store sequence the rounding model allows
+    (:func:`strongest_storage_run`), the ``bfloat16/storage`` bound, and the round-to-nearest
+    emulation (``kernels.emulate.gka_ridge``), each over ``||x||``. The searched error is a lower
+    bound on what any bound built on that model must cover on this system."""
+    from kernels import emulate
+
+    H, q = binade_ridge_system(D, a=a)
+    fro = torch.linalg.matrix_norm(H)
+    lam = a * fro
+    run = linear_bound(
+        "chebyshev",
+        H[None],
+        q[None],
+        L=(fro + lam)[None],
+        mu=lam[None],
+        shift=lam[None],
+        iters=iters,
+        contract="bfloat16/storage",
+    )
+    A = H + lam * torch.eye(D, dtype=torch.float64)
+    x, exact = strongest_storage_run(A, q, L=float(fro + lam), mu=float(lam), iters=iters)
+    norm = float(torch.linalg.vector_norm(exact))
+    rn = emulate.gka_ridge(
+        H[None].float(), q[None].float(), a=a, iters=iters, contract="bfloat16/storage"
+    ).double()[0]
+    return {
+        "searched_over_x": float(torch.linalg.vector_norm(x - exact)) / norm,
+        "bound_over_x": float(run.bound[-1, 0]) / norm,
+        "emulation_over_x": float(torch.linalg.vector_norm(rn - exact)) / norm,
+    }
 
 
 def _half_spacing(y, u=2.0**-8):
@@ -351,6 +406,13 @@ def main(argv=None) -> int:
                 print(
                     f"{'':29s} without the drift in the stores (not a bound): {d['median']:.4f} ({d['max']:.4f}) of ||x||"
                 )
+    w = binade_ridge_worst_case(args.D, iters=args.iters) if args.D & (args.D - 1) == 0 else None
+    if w is not None:
+        print(
+            f"binade_ridge bfloat16/storage: bound {w['bound_over_x']:.4f} of ||x||, searched stores "
+            f"{w['searched_over_x']:.4f} ({w['searched_over_x'] / w['bound_over_x']:.3f} of the bound), "
+            f"round-to-nearest emulation {w['emulation_over_x']:.4f}"
+        )
     return 0
 
 
