@@ -328,19 +328,7 @@ def test_the_rounding_model_allows_over_five_percent_on_a_ridge_system_at_gka_se
     )  # kappa of eq. (4)'s interval
     w = binade_ridge_worst_case(128, iters=30)
     assert 0.05 < w["searched_over_x"] <= w["bound_over_x"], w
-    lam = 0.02 * fro
-    drift_free = cb.linear_bound(
-        "chebyshev",
-        H[None],
-        q[None],
-        L=(fro + lam)[None],
-        mu=lam[None],
-        shift=lam[None],
-        iters=30,
-        contract="bfloat16/storage",
-        store_drift=False,
-    )
-    assert float(drift_free.relative[0]) < w["searched_over_x"]
+    assert w["drift_free_over_x"] < w["searched_over_x"]
     print(
         f"binade ridge system: searched {w['searched_over_x']:.4f}, bound {w['bound_over_x']:.4f}, "
         f"round-to-nearest {w['emulation_over_x']:.5f} of ||x||"
