@@ -305,6 +305,56 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+def check_arguments(
+    q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, *, zero_queries=False
+) -> float:
+    """The KLA arguments as :func:`kla_recurrent` takes them, checked at the boundary of the
+    references and bounds that replay it (``analysis.references.kaczmarz.mp_kla``,
+    ``analysis.bounds.kaczmarz``); returns eps as a float. q, k, v finite floating tensors of
+    fla's layout; alpha in (0, 1]; eta >= 0; eps >= 0; a known coefficient; a finite
+    initial_state ``(..., H, d_k, d_v)`` whose batch broadcasts to k's; no query of norm 0
+    under ``normalize_queries`` unless ``zero_queries``. Without it, NaN replays as NaN, a gate
+    out of range as garbage, a shape mismatch as torch's reshape error and a zero query as a
+    ZeroDivisionError, and a NaN bound would read as a pass."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check.floating(name, x, min_ndim=3)
+    check_qkv(q, k, v)
+    if coefficient not in COEFFICIENTS:
+        raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
+    if not isinstance(normalize_queries, bool):
+        raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
+    eps = nonnegative("eps", eps)
+    kd = k.detach().to(torch.float64)
+    al, _ = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, kd)
+    if al.numel() and not bool(((al > 0) & (al <= 1)).all()):
+        raise ValueError(
+            f"alpha must lie in (0, 1], got values in [{float(al.min())}, {float(al.max())}]"
+        )
+    et, _ = broadcast_gate("eta", eta, k.shape[:-1], None, kd)
+    if et.numel() and not bool((et >= 0).all()):
+        raise ValueError(f"eta must be >= 0, got min(eta) = {float(et.min())}")
+    if initial_state is not None:
+        S0 = check.floating("initial_state", initial_state, min_ndim=3)
+        *lead, _, H, d_k = k.shape
+        if tuple(S0.shape[-3:]) != (H, d_k, v.shape[-1]):
+            raise ValueError(
+                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {v.shape[-1]}), "
+                f"got {tuple(S0.shape)}"
+            )
+        if check.batch_shape("initial_state and k", S0.shape[:-3], tuple(lead)) != tuple(lead):
+            raise ValueError(
+                f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not "
+                f"broadcast to k's {tuple(lead)}"
+            )
+    if normalize_queries and not zero_queries and q.numel():
+        if not bool((q.detach().to(torch.float64).norm(dim=-1) > 0).all()):
+            raise ValueError(
+                "q has a query of norm 0: o_t = S_t^T q_t / ||q_t|| is undefined; pass "
+                "normalize_queries=False"
+            )
+    return eps
+
+
 def _prepare(
     q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, bf16_mode
 ) -> _Prepared:

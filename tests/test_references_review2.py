@@ -6,6 +6,7 @@ import torch
 from analysis.bounds.kaczmarz import kla_chunkwise_bound, kla_tokenwise_bound
 from analysis.bounds.kla_kernel import kla_kernel_bound
 from analysis.bounds.running import running_bound
+from analysis.precision import gamma
 from analysis.references import metrics as M
 from analysis.references.gates import exact_gate_functions
 from solvers import Arith
@@ -122,7 +123,13 @@ def test_metrics_reject_bad_inputs():
     with pytest.raises(TypeError, match="exact"):
         M.residual_norm(A, x, x, exact="yes")
     assert float(M.a_norm_error(A, x, x)) == 0.0
-    assert float(M.backward_error(A, x, x)) == pytest.approx(1 / 3)
+    # eta = sqrt(3) / (2 sqrt(3) + sqrt(3)) = 1/3 in float64 (u = 2^-53, Higham's gamma_n):
+    # ||q - A x|| from mpmath (50 digits) rounded once (1); ||A||_2 by eigvalsh, within
+    # u ||A||_2 (LAPACK Users' Guide 4.7, p(n) = 1) (1); ||x|| (or ||q||, the other term): a
+    # 3-term sum of squares and a sqrt (4); the product and the sum (2); the division (1); the
+    # expected 1/3 rounded (1): gamma_10
+    eta = float(M.backward_error(A, x, x))
+    assert eta == pytest.approx(1 / 3, rel=gamma(10, 2.0**-53), abs=0)
 
 
 class _Info:

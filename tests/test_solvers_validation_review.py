@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import solvers as S
+from analysis.precision import gamma
 
 F64 = torch.float64
 
@@ -19,9 +20,15 @@ F64 = torch.float64
 def test_power_sigma_max_is_right_for_huge_and_tiny_A(value, dtype):
     """The power iteration overflowed or underflowed (1e30 in float32 gave sigma = 0, true 3e30)."""
     A = torch.full((3, 3), value, dtype=dtype)
-    assert float(S.power_sigma_max(A)) == pytest.approx(3 * value, rel=1e-5, abs=0)
-    v0 = torch.tensor([1.0, 0.0, 0.0], dtype=dtype)
-    assert float(S.power_sigma_max(A, v0=v0)) == pytest.approx(3 * value, rel=1e-5, abs=0)
+    # A = a J is rank one: sigma_max = 3a (power_ratio_bound = 1, no iteration error), so only
+    # rounding separates the estimate from it (Higham's gamma_n, u of the dtype; the scaling by
+    # powers of two is exact). Every v_k is c (1, 1, 1): the last normalisation c = y / ||y||,
+    # a 3-term dot, sqrt and division (5); the last A v, a 3-term dot (3); its norm, a 3-term
+    # dot and sqrt (4); 3a formed in float64 (1, u_64 <= u): gamma_13
+    sigma, rel = 3 * float(A[0, 0]), gamma(13, S.unit_roundoff(dtype))
+    assert float(S.power_sigma_max(A)) == pytest.approx(sigma, rel=rel, abs=0)
+    v0 = torch.tensor([1.0, 0.0, 0.0], dtype=dtype)  # A v0 = a (1, 1, 1), exact: the same c 1
+    assert float(S.power_sigma_max(A, v0=v0)) == pytest.approx(sigma, rel=rel, abs=0)
     # the scaling is by a power of two, exact: a well-scaled A gives the bits it gave before
     B = torch.randn(5, 5, generator=torch.Generator().manual_seed(0), dtype=dtype)
     assert torch.equal(S.power_sigma_max(B * 2.0**-40) * 2.0**40, S.power_sigma_max(B))
@@ -30,7 +37,12 @@ def test_power_sigma_max_is_right_for_huge_and_tiny_A(value, dtype):
 def test_spectral_normalize_keeps_its_promise_for_huge_A():
     A = torch.full((3, 3), 1e30)
     out = S.spectral_normalize(A, gamma=1.2)
-    assert float(torch.linalg.matrix_norm(out.double(), ord=2)) <= 1.2 * (1 + 1e-5)
+    # ||A'|| <= gamma for rank-one A (power_ratio_bound = 1), up to rounding in float32 (u =
+    # 2^-24): the estimate sigma (gamma_12, test above), gamma stored (1), gamma / sigma (1),
+    # A * factor (1): gamma_15; and the float64 SVD that measures it, within p(3) u_64 ||A'||
+    # (LAPACK Users' Guide 4.9, p(3) taken as 3)
+    bound = 1.2 * (1 + gamma(15, 2.0**-24)) * (1 + gamma(3, 2.0**-53))
+    assert float(torch.linalg.matrix_norm(out.double(), ord=2)) <= bound
     with pytest.raises(ValueError, match="^A has sigma_max .* overflows"):
         S.spectral_normalize(torch.full((3, 3), 3e38))  # gamma / sigma would make A' = 0
 

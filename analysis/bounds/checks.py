@@ -23,8 +23,33 @@ import torch
 
 from analysis.precision import allowance_kappa, by_label, rounding_allowance
 from analysis.references.iterative import ErrorSplit
+from solvers import validation as _v
 
 from . import iterative as bounds
+
+
+def _split(split) -> ErrorSplit:
+    if not isinstance(split, ErrorSplit):
+        raise TypeError(
+            f"split must be an analysis.references.iterative.ErrorSplit, got {type(split).__name__}"
+        )
+    return split
+
+
+def _inputs(split, L, mu) -> tuple:
+    """``(split, L, mu)`` checked: L and mu both omitted, or finite with ``L >= mu > 0``,
+    broadcast to the batch (float64). A NaN, zero or negative mu would otherwise make the
+    allowance or the bound not apply, which reads as a pass."""
+    split = _split(split)
+    if (L is None) != (mu is None):
+        raise TypeError("L and mu must be given together (or both omitted)")
+    if L is None:
+        return split, None, None
+    eig = split.exact.eigenvalues
+    L = _v.parameter("L", L, eig.shape[:-1], eig.device)
+    mu = _v.parameter("mu", mu, eig.shape[:-1], eig.device)
+    _v.spectrum_bounds(L, mu)
+    return split, L, mu
 
 
 def _iterations(split: ErrorSplit) -> torch.Tensor:
@@ -36,6 +61,7 @@ def _iterations(split: ErrorSplit) -> torch.Tensor:
 def method_kappa(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
     """The allowance's kappa (``precision.allowance_kappa``): L/mu widened to the stored
     spectrum for methods given bounds, the stored matrix's own for CG."""
+    split, L, mu = _inputs(split, L, mu)
     if split.method == "cg":
         return allowance_kappa(split.exact.eigenvalues)
     return allowance_kappa(split.exact.eigenvalues, L, mu)
@@ -44,7 +70,7 @@ def method_kappa(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
 def spectral_interval(split: ErrorSplit) -> tuple:
     """``[lam_min, lam_max]`` of the stored matrix, widened by the float64 rounding of the
     mpmath eigenvalues (relative 2^-53 each), so that bounds over it are rigorous."""
-    eig = split.exact.eigenvalues
+    eig = _split(split).exact.eigenvalues
     lo, hi = eig[..., 0], eig[..., -1]
     widen = 2.0**-52
     return lo - lo.abs() * widen, hi + hi.abs() * widen
@@ -52,6 +78,7 @@ def spectral_interval(split: ErrorSplit) -> tuple:
 
 def truncation_bounds(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
     """``(iters + 1, *batch)`` bound on ``split.truncation`` (CG: on ``replay.truncation_H``)."""
+    split, L, mu = _inputs(split, L, mu)
     i = _iterations(split)
     lo, hi = spectral_interval(split)
     c = split.replay.constants
@@ -69,6 +96,7 @@ def truncation_bounds(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
 
 
 def measured_truncation(split: ErrorSplit) -> torch.Tensor:
+    split = _split(split)
     return split.replay.truncation_H if split.method == "cg" else split.truncation
 
 
@@ -76,7 +104,10 @@ def truncation_ratio(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
     """Per-iterate ``truncation / bound``. An infinite bound (no bound applies: CG or AGD on a
     stored matrix that rounding made indefinite) gives 0, no claim; a NaN measurement under a
     finite bound gives inf, a failure."""
-    b = truncation_bounds(split, L, mu)
+    return _truncation_ratio(split, truncation_bounds(split, L, mu))
+
+
+def _truncation_ratio(split: ErrorSplit, b: torch.Tensor) -> torch.Tensor:
     r = torch.nan_to_num(measured_truncation(split) / b, nan=float("inf"))
     return torch.where(torch.isinf(b), torch.zeros_like(r), r)
 
@@ -84,6 +115,7 @@ def truncation_ratio(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
 def allowance(split: ErrorSplit, L=None, mu=None) -> tuple:
     """``(allowance, applies)``, both ``batch``-shaped: c kappa (n u_acc + u_store), and whether
     it says anything (stored matrix SPD and allowance < 1)."""
+    split, L, mu = _inputs(split, L, mu)
     arith = by_label(split.precision)
     kappa = method_kappa(split, L, mu)
     n = split.iterates.shape[-1]
@@ -100,6 +132,7 @@ def rounding_ratio(split: ErrorSplit, L=None, mu=None) -> torch.Tensor:
 
 def cg_forward_ratio(split: ErrorSplit) -> torch.Tensor:
     """CG: per-iterate ``forward / (sqrt(kappa) 2 R_a^i + allowance)``; 0 where no allowance applies."""
+    split = _split(split)
     a, applies = allowance(split)
     kappa = split.exact.kappa
     b = (
@@ -114,23 +147,33 @@ def cg_forward_ratio(split: ErrorSplit) -> torch.Tensor:
 
 @dataclass
 class CheckResult:
-    """Worst ratios over every iterate and system (<= 1 passes)."""
+    """Worst ratios over every iterate and system (<= 1 passes).
+
+    A ratio of 0 where no bound applies (an infinite truncation bound, an allowance that does
+    not apply) is no claim: such a run is not ``conclusive`` and never ``passes`` (it is
+    inconclusive unless some ratio exceeds 1)."""
 
     truncation: float
     rounding: float
     applies: bool  # the allowance applied to at least one system
+    conclusive: bool = True  # every truncation bound finite, the allowance applied to every system
 
     @property
     def passes(self) -> bool:
-        return self.truncation <= 1.0 and self.rounding <= 1.0
+        return self.conclusive and self.truncation <= 1.0 and self.rounding <= 1.0
 
 
 def check(split: ErrorSplit, L=None, mu=None) -> CheckResult:
     """The worst truncation and rounding ratios of a run (CG: rounding = :func:`cg_forward_ratio`)."""
+    split, L, mu = _inputs(split, L, mu)
     rr = cg_forward_ratio(split) if split.method == "cg" else rounding_ratio(split, L, mu)
     _, applies = allowance(split, L, mu)
+    b = truncation_bounds(split, L, mu)
     return CheckResult(
-        float(truncation_ratio(split, L, mu).max()), float(rr.max()), bool(applies.any())
+        float(_truncation_ratio(split, b).max()),
+        float(rr.max()),
+        bool(applies.any()),
+        bool(torch.isfinite(b).all() and applies.all()),
     )
 
 

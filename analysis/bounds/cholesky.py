@@ -85,6 +85,8 @@ def substitution_backward_error(
 
     By Thm 8.5 this is <= gamma_n for a computed substitution. ``0/0`` counts as 0, ``r/0`` as inf.
     """
+    if not isinstance(lower, bool):
+        raise TypeError(f"lower must be a bool, got {type(lower).__name__}")
     T = _square("T", T)
     x, b = _v.tensor("x", x, min_ndim=1), _v.tensor("b", b, min_ndim=1)
     for name, v in (("x", x), ("b", b)):

@@ -16,6 +16,8 @@ import numbers
 
 import torch
 
+from solvers import validation as _v
+
 _F64 = torch.float64
 
 
@@ -36,6 +38,23 @@ def _real(name: str, x) -> torch.Tensor:
     if t.numel() and bool(torch.isnan(t).any()):
         raise ValueError(f"{name} has NaN entries")
     return t
+
+
+def _finite(name: str, x) -> torch.Tensor:
+    """:func:`_real`, and finite (an Inf would make the bound NaN or silently ignore it)."""
+    t = _real(name, x)
+    _v.finite(name, t)
+    return t
+
+
+def _broadcast(**named: torch.Tensor) -> None:
+    """The arguments must broadcast together (a clear error, not torch's shape error)."""
+    _v.batch_shape(" and ".join(named), *(t.shape for t in named.values()))
+
+
+def _no_bound(kappa: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``inf`` where kappa = inf (no bound applies), not the NaN of ``inf / inf``."""
+    return torch.where(torch.isinf(kappa), torch.full_like(b, float("inf")), b)
 
 
 def _index(i) -> torch.Tensor:
@@ -60,14 +79,14 @@ def contraction_rate(kappa) -> torch.Tensor:
     """``R_a = (sqrt(kappa) - 1)/(sqrt(kappa) + 1)``, the rate of optimal first-order methods
     (GKA appendix D.1, Remark 1)."""
     kappa = _kappa(kappa)
-    return (kappa - 1.0) / (
-        torch.sqrt(kappa) + 1.0
-    ) ** 2  # = (s - 1)/(s + 1), s = sqrt(kappa), no cancellation
+    r = (kappa - 1.0) / (torch.sqrt(kappa) + 1.0) ** 2  # = (s - 1)/(s + 1), s = sqrt(kappa)
+    return torch.where(torch.isinf(kappa), torch.ones_like(r), r)  # its limit 1, not inf/inf
 
 
 def rho(L, mu) -> torch.Tensor:
     """``rho = (L - mu)/(L + mu) = (kappa - 1)/(kappa + 1)`` (GKA Algorithm 1, line 2)."""
-    L, mu = _real("L", L), _real("mu", mu)
+    L, mu = _finite("L", L), _finite("mu", mu)
+    _broadcast(L=L, mu=mu)
     if mu.numel() and not bool((mu > 0).all()):
         raise ValueError(f"mu must be > 0, got min(mu) = {float(mu.min())}")
     if not bool((L >= mu).all()):
@@ -77,6 +96,15 @@ def rho(L, mu) -> torch.Tensor:
 
 def log_chebyshev_t(k, x) -> torch.Tensor:
     """``log T_k(x)`` for ``x >= 1``: ``k acosh(x) + log((1 + exp(-2 k acosh x)) / 2)``."""
+    k, x = _real("k", k), _real("x", x)
+    _broadcast(k=k, x=x)
+    if x.numel() and not bool((x >= 1).all()):
+        raise ValueError(f"x must be >= 1, got min(x) = {float(x.min())}")
+    return _log_chebyshev_t(k, x)
+
+
+def _log_chebyshev_t(k, x) -> torch.Tensor:
+    """:func:`log_chebyshev_t` unchecked, x clamped to >= 1 (callers mask |x| <= 1)."""
     k, x = _t(k), _t(x)
     a = k * torch.acosh(torch.clamp(x, min=1.0))
     return a + torch.log1p(torch.exp(-2.0 * a)) - math.log(2.0)
@@ -107,13 +135,16 @@ def chebyshev_bound(kappa, i) -> torch.Tensor:
     Evaluated as ``acosh(1/rho) = -log R_a = log1p(2 (sqrt(kappa) + 1)/(kappa - 1))``: a log1p of
     a positive, accurately formed argument, so no cancellation at any kappa."""
     kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
     a = torch.log1p(2.0 * (torch.sqrt(kappa) + 1.0) / (kappa - 1.0))
-    return torch.exp(-_log_t_from_acosh(i + 1.0, a))
+    return _no_bound(kappa, torch.exp(-_log_t_from_acosh(i + 1.0, a)))
 
 
 def chebyshev_rate_bound(kappa, i) -> torch.Tensor:
     """``1/T_{i+1}(1/rho) <= 2 R_a^{i+1}`` (since ``T_k(1/rho) >= (R_a^-k + R_a^k)/2``)."""
-    return 2.0 * contraction_rate(kappa) ** (_index(i) + 1.0)
+    kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
+    return _no_bound(kappa, 2.0 * contraction_rate(kappa) ** (i + 1.0))
 
 
 def _abs_chebyshev_t_max(k, t_lo, t_hi) -> torch.Tensor:
@@ -124,10 +155,12 @@ def _abs_chebyshev_t_max(k, t_lo, t_hi) -> torch.Tensor:
     maximum too small (by ~k^2 u relative) when an eigenvalue sits at mu' or L'."""
     k = _t(k)
     out = 4.0 * 2.0**-53
-    t_lo, t_hi = t_lo - out * (1.0 + t_lo.abs()), t_hi + out * (1.0 + t_hi.abs())
+    # an end that overflowed to -+inf stays there (inf - inf would be a NaN, read as |t| <= 1)
+    t_lo = torch.where(torch.isinf(t_lo), t_lo, t_lo - out * (1.0 + t_lo.abs()))
+    t_hi = torch.where(torch.isinf(t_hi), t_hi, t_hi + out * (1.0 + t_hi.abs()))
 
     def abs_t(t):
-        big = torch.exp(log_chebyshev_t(k, t.abs()))
+        big = torch.exp(_log_chebyshev_t(k, t.abs()))
         return torch.where(t.abs() > 1.0, big, torch.ones_like(big))
 
     inside = (t_lo <= 1.0) & (t_hi >= -1.0)
@@ -149,10 +182,12 @@ def chebyshev_bound_for_constants(step, rho2, lam_min, lam_max, i) -> torch.Tens
     ``rho2 = 0`` (L = mu) degenerates to Richardson: ``max |1 - step lam|^{i+1}``.
     """
     step, rho2, lo, hi = (
-        _real(n, v)
+        _finite(n, v)
         for n, v in (("step", step), ("rho2", rho2), ("lam_min", lam_min), ("lam_max", lam_max))
     )
-    k = _index(i) + 1.0
+    i = _index(i)
+    _broadcast(step=step, rho2=rho2, lam_min=lo, lam_max=hi, i=i)
+    k = i + 1.0
     if rho2.numel() and not bool(((rho2 >= 0) & (rho2 <= 1)).all()):
         raise ValueError(f"rho2 must be in [0, 1], got {rho2}")
     rho_p = torch.sqrt(rho2)
@@ -174,6 +209,9 @@ def with_evaluation_slack(bound, i) -> torch.Tensor:
     must be widened by the caller (``analysis.bounds.checks.spectral_interval``).
     """
     b, i = _real("bound", bound), _index(i)
+    _broadcast(bound=b, i=i)
+    if b.numel() and not bool((b >= 0).all()):
+        raise ValueError(f"bound must be >= 0, got min(bound) = {float(b.min())}")
     logb = torch.log(b.clamp_min(torch.finfo(_F64).tiny)).abs()
     return b * (1.0 + 2.0**-50 * (8.0 + 4.0 * logb + i)) + 1e-30
 
@@ -181,24 +219,27 @@ def with_evaluation_slack(bound, i) -> torch.Tensor:
 def gd_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*|| / ||x*|| <= ((kappa - 1)/(kappa + 1))^i``: gradient descent with step
     2/(L + mu) (solvers/gradient.py; Nesterov 2004, Thm 2.1.15 specialised to quadratics)."""
-    kappa = _kappa(kappa)
-    return ((kappa - 1.0) / (kappa + 1.0)) ** _index(i)
+    kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
+    return _no_bound(kappa, ((kappa - 1.0) / (kappa + 1.0)) ** i)
 
 
 def gd_bound_for_step(step, lam_min, lam_max, i) -> torch.Tensor:
     """``max_{lam in [lam_min, lam_max]} |1 - step lam|^i``: GD's exact worst case for the step
     actually used (equals :func:`gd_bound` for step = 2/(L+mu) and the spectrum [mu, L])."""
-    step, lo, hi = _real("step", step), _real("lam_min", lam_min), _real("lam_max", lam_max)
-    return torch.maximum((1.0 - step * lo).abs(), (1.0 - step * hi).abs()) ** _index(i)
+    step, lo, hi = _finite("step", step), _finite("lam_min", lam_min), _finite("lam_max", lam_max)
+    i = _index(i)
+    _broadcast(step=step, lam_min=lo, lam_max=hi, i=i)
+    return torch.maximum((1.0 - step * lo).abs(), (1.0 - step * hi).abs()) ** i
 
 
 def cg_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*||_H / ||x*||_H <= 2 R_a^i``: CG in the H-norm (solvers/cg.py; Saad,
     *Iterative Methods*, Thm 6.29). Exact arithmetic; kappa of the matrix itself; ``inf`` for
     kappa = inf (an indefinite matrix: no H-norm, no bound)."""
-    kappa = _kappa(kappa)
-    b = 2.0 * contraction_rate(kappa) ** _index(i)
-    return torch.where(torch.isinf(kappa), torch.full_like(b, float("inf")), b)
+    kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
+    return _no_bound(kappa, 2.0 * contraction_rate(kappa) ** i)
 
 
 def cg_bound_2norm(kappa, i) -> torch.Tensor:
@@ -211,14 +252,18 @@ def agd_bound(kappa, i) -> torch.Tensor:
     """``||x_i - x*|| / ||x*|| <= sqrt((kappa + 1)(1 - 1/sqrt(kappa))^i)`` for Nesterov's method
     with step 1/L and momentum (sqrt kappa - 1)/(sqrt kappa + 1) from x_0 = 0, spectrum in
     [mu, L] (Nesterov 2004, Thm 2.2.3 with f - f* = e^T H e / 2; solvers/gradient.py)."""
-    kappa = _kappa(kappa)
-    return torch.sqrt((kappa + 1.0) * (1.0 - 1.0 / torch.sqrt(kappa)) ** _index(i))
+    kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
+    return torch.sqrt((kappa + 1.0) * (1.0 - 1.0 / torch.sqrt(kappa)) ** i)
 
 
 def omega_star(rho_) -> torch.Tensor:
     """``omega_1* = 2 (1 - sqrt(1 - rho^2)) / rho^2``, the limit of GKA's weight schedule
     (GKA appendix, Lemma 3); 1 at rho = 0 (its limit)."""
-    r2 = _t(rho_) ** 2
+    r = _real("rho", rho_)
+    if r.numel() and not bool((r.abs() <= 1).all()):
+        raise ValueError(f"rho must be in [-1, 1], got max |rho| = {float(r.abs().max())}")
+    r2 = r**2
     safe = torch.where(r2 > 0, r2, torch.ones_like(r2))
     # 1 - sqrt(1 - r2) = r2 / (1 + sqrt(1 - r2)): no cancellation at small rho
     return torch.where(r2 > 0, 2.0 / (1.0 + torch.sqrt(1.0 - safe)), torch.ones_like(r2))
@@ -227,14 +272,16 @@ def omega_star(rho_) -> torch.Tensor:
 def omega_contraction(kappa) -> torch.Tensor:
     """``R = (kappa - 1)/(kappa + 1) * (sqrt kappa - 1)/(sqrt kappa + 1)`` (GKA Lemma 4)."""
     kappa = _kappa(kappa)
-    return (kappa - 1.0) / (kappa + 1.0) * contraction_rate(kappa)
+    r = (kappa - 1.0) / (kappa + 1.0) * contraction_rate(kappa)
+    return torch.where(torch.isinf(kappa), torch.ones_like(r), r)  # its limit 1, not inf/inf
 
 
 def omega_gap_bound(kappa, i) -> torch.Tensor:
     """``omega_i - omega_1* <= R^i (omega_0 - omega_1*)`` with omega_0 = 2 (GKA Lemma 4)."""
-    kappa = _kappa(kappa)
-    r = (kappa - 1.0) / (kappa + 1.0)
-    return omega_contraction(kappa) ** _index(i) * (2.0 - omega_star(r))
+    kappa, i = _kappa(kappa), _index(i)
+    _broadcast(kappa=kappa, i=i)
+    r = torch.where(torch.isinf(kappa), torch.ones_like(kappa), (kappa - 1.0) / (kappa + 1.0))
+    return _no_bound(kappa, omega_contraction(kappa) ** i * (2.0 - omega_star(r)))
 
 
 __all__ = [

@@ -41,6 +41,7 @@ import torch
 
 from solvers import Arith
 from solvers import validation as _v
+from solvers.kla import check_arguments
 
 _F64 = torch.float64
 
@@ -235,66 +236,6 @@ def kaczmarz_rounding_bound(
 # ----------------------------------------------------------------------------- KLA
 
 
-def _kla_inputs(
-    q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, *, zero_queries=False
-) -> float:
-    """Check the KLA bounds' inputs at the boundary (as ``solvers.kla`` does); returns eps.
-
-    A NaN/Inf input, a gate outside its range or (``zero_queries=False``) a query of norm 0
-    under ``normalize_queries`` would make the bound NaN, which must not read as a pass."""
-    from solvers import kla as _kla
-
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-        if x.ndim < 3:
-            raise ValueError(f"{name} must be (..., T, H, d), got shape {tuple(x.shape)}")
-        _v.finite(name, x)
-    _kla.check_qkv(q, k, v)
-    if coefficient not in _kla.COEFFICIENTS:
-        raise ValueError(f"coefficient must be one of {_kla.COEFFICIENTS}, got {coefficient!r}")
-    if not isinstance(normalize_queries, bool):
-        raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
-    eps = _kla.nonnegative("eps", eps)
-    kd = k.detach().to(_F64)
-    al, _ = _kla.broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, kd)
-    if al.numel() and not bool(((al > 0) & (al <= 1)).all()):
-        raise ValueError(
-            f"alpha must lie in (0, 1], got values in [{float(al.min())}, {float(al.max())}]"
-        )
-    et, _ = _kla.broadcast_gate("eta", eta, k.shape[:-1], None, kd)
-    if et.numel() and not bool((et >= 0).all()):
-        raise ValueError(f"eta must be >= 0, got min(eta) = {float(et.min())}")
-    if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor) or not initial_state.is_floating_point():
-            raise TypeError(
-                "initial_state must be a floating torch.Tensor (..., H, d_k, d_v) or None"
-            )
-        *lead, _, H, d_k = k.shape
-        shape = (H, d_k, v.shape[-1])
-        if initial_state.ndim < 3 or tuple(initial_state.shape[-3:]) != shape:
-            raise ValueError(
-                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {v.shape[-1]}), "
-                f"got {tuple(initial_state.shape)}"
-            )
-        _v.batch_shape("initial_state and k", initial_state.shape[:-3], tuple(lead))
-        if torch.broadcast_shapes(initial_state.shape[:-3], tuple(lead)) != tuple(lead):
-            raise ValueError(
-                f"initial_state has batch shape {tuple(initial_state.shape[:-3])}, which does not "
-                f"broadcast to k's {tuple(lead)}"
-            )
-        _v.finite("initial_state", initial_state)
-    if normalize_queries and not zero_queries and q.numel():
-        if not bool((q.detach().to(_F64).norm(dim=-1) > 0).all()):
-            raise ValueError(
-                "q has a query of norm 0: o_t = S_t^T q_t / ||q_t|| is undefined; pass "
-                "normalize_queries=False"
-            )
-    return eps
-
-
 def _arith(arith) -> Arith:
     if not isinstance(arith, Arith):
         raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
@@ -347,7 +288,7 @@ def kla_tokenwise_bound(
     """Bounds on ``||o^_t - o_t||_2`` ``(..., T, H)`` and ``||S^_T - S_T||_F`` ``(..., H)`` for
     ``solvers.kla_recurrent`` in ``arith`` (inputs as rounded; module doc for the derivation)."""
     arith = _arith(arith)
-    eps = _kla_inputs(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries)
+    eps = check_arguments(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries)
     qh, kh, vh, al, beta, S, growth = _heads(q, k, v, alpha, eta, eps, initial_state, coefficient)
     d_k = kh.shape[-1]
     ua, us = arith.u_acc, arith.u_store
@@ -393,7 +334,7 @@ def kla_chunkwise_bound(
     ``solvers.kla_chunkwise`` in ``arith`` (module doc; docs/kla.md for the derivation)."""
     arith = _arith(arith)
     chunk_size = _v.count("chunk_size", chunk_size, minimum=1)
-    eps = _kla_inputs(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries)
+    eps = check_arguments(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries)
     qh, kh, vh, al, beta, S, growth = _heads(q, k, v, alpha, eta, eps, initial_state, coefficient)
     T, d_k = kh.shape[-2], kh.shape[-1]
     ua, us = arith.u_acc, arith.u_store

@@ -30,11 +30,12 @@ The stored result's rounding (to ``out_dtype``) is not included: a caller adds
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from analysis.precision import gamma
-
-from .kaczmarz import _kla_inputs
+from solvers.kla import check_arguments
 
 F64 = torch.float64
 U = 2.0**-24
@@ -123,7 +124,11 @@ def kla_kernel_bound(
     ``kernels.kla_chunkwise`` with ``input_precision`` on inputs of ``input_dtype`` (q, k, v,
     alpha, eta, initial_state as the kernel received them, any float dtype), exact values in
     float64. See the module docstring for the model; chunk_size 16, 32 or 64."""
-    if isinstance(chunk_size, bool) or chunk_size not in (16, 32, 64):
+    if (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, numbers.Integral)
+        or chunk_size not in (16, 32, 64)
+    ):
         raise ValueError(f"chunk_size must be 16, 32 or 64, got {chunk_size!r}")
     if not isinstance(input_precision, str) or input_precision not in OPERAND_ROUNDING:
         raise ValueError(
@@ -131,7 +136,7 @@ def kla_kernel_bound(
         )
     if not isinstance(input_dtype, torch.dtype) or not input_dtype.is_floating_point:
         raise TypeError(f"input_dtype must be a floating torch.dtype, got {input_dtype!r}")
-    eps = _kla_inputs(
+    eps = check_arguments(
         q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, zero_queries=True
     )
     C = chunk_size
@@ -310,4 +315,10 @@ def kla_kernel_bound(
         if bounds
         else torch.zeros(*lead, 0, H, dtype=F64, device=dev)
     )
-    return B_o, E
+    # A first-order term that overflowed float64 (inf - inf, 0 * inf) is NaN: no bound, i.e.
+    # inf -- never a NaN, which no `error > bound` comparison flags.
+    inf = float("inf")
+    return (
+        torch.nan_to_num(B_o, nan=inf, posinf=inf),
+        torch.nan_to_num(E, nan=inf, posinf=inf),
+    )

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import mpmath
@@ -25,6 +26,7 @@ import solvers
 from analysis.argtypes import OneLineParser
 from analysis.precision import PRECISIONS, Arith
 from analysis.references import mp
+from solvers import validation as _v
 
 METHODS = ("autograd", "implicit", "reverse", "reverse_stored_omega")
 KAPPAS = (10.0, 51.0, 1e3)
@@ -46,6 +48,29 @@ class Problem:
         return self.L / self.mu
 
 
+def _kappa(kappa) -> float:
+    """A finite condition number >= 1: 0.5 silently built a kappa-2 problem, 0 / NaN / inf
+    raised math's or LAPACK's error."""
+    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real):
+        raise TypeError(f"kappa must be a real number, got {type(kappa).__name__}")
+    if not 1 <= kappa < math.inf:
+        raise ValueError(f"kappa must be a finite real >= 1, got {kappa}")
+    return float(kappa)
+
+
+def _spectrum(L, mu, iters) -> int:
+    """``L >= mu > 0`` finite reals and ``iters`` an int >= 0 (as solvers.chebyshev takes them)."""
+    for name, x in (("L", L), ("mu", mu)):
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+        if not math.isfinite(x):
+            raise ValueError(f"{name} must be finite, got {x}")
+    _v.spectrum_bounds(
+        torch.tensor(float(L), dtype=torch.float64), torch.tensor(float(mu), dtype=torch.float64)
+    )
+    return _v.count("iters", iters)
+
+
 def spd_problem(D: int, kappa: float, dtype: torch.dtype, seed: int = 0) -> Problem:
     """Eigenvalues geometrically spaced in [1/kappa, 1] (both ends hit), random eigenvectors.
 
@@ -54,6 +79,9 @@ def spd_problem(D: int, kappa: float, dtype: torch.dtype, seed: int = 0) -> Prob
     stored spectrum lies in [mu, L]. Raises ValueError if rounding made H indefinite (bf16 with
     kappa u_store >~ 1).
     """
+    D, kappa = _v.count("D", D, minimum=1), _kappa(kappa)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     gen = torch.Generator().manual_seed(seed)
     Q, _ = torch.linalg.qr(torch.randn(D, D, generator=gen, dtype=torch.float64))
     ev = torch.logspace(-math.log10(kappa), 0.0, D, dtype=torch.float64)
@@ -103,6 +131,16 @@ def mp_adjoint(
     c_0 = 2/(L+mu); dH = -sum_{i>=1} c_i lambda_i xi_{i-1}^T. One system (no batch). The weights
     are typed out in mpmath on purpose, independent of ``solvers.omega_schedule`` (an exact reference).
     """
+    # L < mu, mu <= 0 or iters < 0 silently replayed another (or no) loop, NaN gave NaN, and a
+    # size mismatch raised mpmath's error
+    iters, dps = _spectrum(L, mu, iters), _v.count("dps", dps, minimum=1)
+    H = _v.square_matrix("H", H)
+    if H.ndim != 2 or H.shape[-1] == 0:
+        raise ValueError(f"H must be one D x D matrix with D >= 1, got shape {tuple(H.shape)}")
+    for name, x in (("q", q), ("g", g)):
+        x = _v.tensor(name, x, min_ndim=1)
+        if tuple(x.shape) != (H.shape[-1],):
+            raise ValueError(f"{name} must have shape ({H.shape[-1]},), got {tuple(x.shape)}")
     with mp.precision(dps):
         Hm, qm, gm = mp.to_mp(H), mp.to_mp(q), mp.to_mp(g)
         Lm, mum = mpmath.mpf(L), mpmath.mpf(mu)
@@ -167,6 +205,7 @@ def omega_recovery_amplification(L: float, mu: float, iters: int) -> float:
 
 def truncation_eps(L: float, mu: float, iters: int) -> float:
     """epsilon_r = 1 / T_{r+1}(1/rho): the residual polynomial of xi_r is bounded by it on [mu, L]."""
+    iters = _spectrum(L, mu, iters)  # iters = -1 gave 1, mu = 0 gave 1, L < mu math's error
     rho = (L - mu) / (L + mu)
     return 0.0 if rho == 0 else 1.0 / math.cosh((iters + 1) * math.acosh(1.0 / rho))
 
@@ -182,14 +221,24 @@ def implicit_dH_gap_bound(L: float, mu: float, iters: int) -> float:
     |1/(l_k l_l)| that is at most eps_r (2 (r+1)^2 kappa/(kappa - 1) + 1 + eps_r).
     """
     eps = truncation_eps(L, mu, iters)
+    if eps == 0:  # L = mu: the loop is exact from step 0 (was 0 * x / 0, ZeroDivisionError)
+        return 0.0
     kappa = L / mu
     return eps * (2 * (iters + 1) ** 2 * kappa / (kappa - 1) + 1 + eps)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """``||a - b|| / ||b||`` in float64 (Frobenius for matrices)."""
+    a, b = _v.floating("a", a, min_ndim=0, finite_values=False), _v.floating("b", b, min_ndim=0)
+    if a.shape != b.shape:  # broadcasting compared other entries silently
+        raise ValueError(
+            f"a and b must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     a64, b64 = a.detach().to(torch.float64), b.detach().to(torch.float64)
-    return float(torch.linalg.vector_norm(a64 - b64) / torch.linalg.vector_norm(b64))
+    nb = torch.linalg.vector_norm(b64)
+    if nb == 0:
+        raise ValueError("b is zero: the relative error is undefined")  # was inf or NaN
+    return float(torch.linalg.vector_norm(a64 - b64) / nb)
 
 
 @dataclass
@@ -243,6 +292,10 @@ def measure(arith: Arith, kappa: float, iters: int, D: int = 8, seed: int = 0) -
 
 
 def stability_table(kappas=KAPPAS, iters=ITERS, precisions=PRECISIONS, D: int = 8) -> list:
+    # checked up front: the ValueError caught below is for H rounded indefinite, and would
+    # otherwise swallow a bad kappa, r or D into an empty table
+    kappas, iters = [_kappa(k) for k in kappas], [_v.count("iters", r) for r in iters]
+    _v.count("D", D, minimum=1)
     cells = []
     for ar in precisions:
         for kappa in kappas:

@@ -29,6 +29,7 @@ terms: every count below satisfies ``m u <= 1/2`` where it is used, and then
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,6 +38,8 @@ import torch
 
 from analysis.precision import rounding_allowance
 from solvers import Arith
+from solvers import validation as _v
+from solvers.gka import SOLVERS, validate_inputs
 from solvers.gka_chunk import chunkwise_frobenius
 
 from . import iterative as gt
@@ -74,6 +77,7 @@ def _replay(solver: str, A, q, L, mu, iters: int):
 def ridge_kappa(a: float) -> mpmath.mpf:
     """``(a + 1)/a`` (GKA eq. (4)) exactly for the float a, as an mpf: the Chebyshev bound
     amplifies a rounded kappa by ~(r + 1) and is attained, so it is fed the exact value."""
+    a = _v.ridge_strength(a)  # a = 0 divided by zero, a < 0 gave a kappa < 1
     with amp.precision(30):
         return 1 + 1 / mpmath.mpf(float(a))
 
@@ -81,8 +85,14 @@ def ridge_kappa(a: float) -> mpmath.mpf:
 def truncation_bound(solver: str, kappa, iters: Optional[int]) -> float:
     """A-priori ``||x_r - x*|| / ||x*||``: Chebyshev ``1/T_{r+1}(1/rho)`` (rho = (k-1)/(k+1));
     CG ``2 sqrt(kappa) R_a^r`` (A-norm bound moved to the 2-norm); 0 for the exact solve."""
+    _solver_iters(solver, iters)
     if solver == "exact":
         return 0.0
+    # kappa < 1 gave a negative CG bound, NaN a NaN one and inf a Chebyshev bound of 0
+    if isinstance(kappa, bool) or not isinstance(kappa, (numbers.Real, mpmath.mpf)):
+        raise TypeError(f"kappa must be a real number, got {type(kappa).__name__}")
+    if not 1 <= kappa < math.inf:
+        raise ValueError(f"kappa must be a finite real >= 1, got {kappa}")
     with amp.precision(
         30
     ):  # the Chebyshev bound is attained (an eigenvalue at L): evaluate it accurately
@@ -92,6 +102,25 @@ def truncation_bound(solver: str, kappa, iters: Optional[int]) -> float:
             return float(1 / mpmath.cosh((iters + 1) * mpmath.acosh(1 / rho))) if rho > 0 else 0.0
         ra = (mpmath.sqrt(k) - 1) / (mpmath.sqrt(k) + 1)
         return float(2 * mpmath.sqrt(k) * ra**iters)
+
+
+def _solver_iters(solver, iters) -> None:
+    """``solver`` one of the layer's; ``iters`` an int >= 0 for chebyshev / cg (else unused)."""
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if solver != "exact":
+        if iters is None:
+            raise TypeError(f"solver={solver!r} needs iters (the number of iterations r)")
+        _v.count("iters", iters)  # -1 silently replayed no iteration
+
+
+def _tokens(name: str, x, T: int, width) -> None:
+    """``x`` of shape ``(T, width)`` (width None: any): a shorter one raised IndexError from
+    deep inside, a longer one was read only in part. Non-finite values measure as such."""
+    x = _v.floating(name, x, min_ndim=2, finite_values=False)
+    if x.ndim != 2 or x.shape[0] != T or (width is not None and x.shape[1] != width):
+        want = f"({T}, {'*' if width is None else width})"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(x.shape)}")
 
 
 @dataclass
@@ -119,6 +148,7 @@ class LayerTruth:
     def split(self, y_hat: torch.Tensor) -> dict:
         """Per-token ``forward`` (``||y_hat - y*|| / ||y*||``), ``truncation``, ``rounding``
         (both over ``s_t``) as float64 tensors ``(T,)``; ``y_hat (T, Dv)``."""
+        _tokens("y_hat", y_hat, len(self.y_star), self.y_star[0].rows if self.y_star else None)
         fw, tr, ro = [], [], []
         with amp.precision(self.dps):  # mpmath rounds every operation to the current precision
             self._split(y_hat, fw, tr, ro)
@@ -137,6 +167,9 @@ class LayerTruth:
 
     def backward_errors(self, x_hat: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """Per token ``||q - A x_hat|| / (||A||_2 ||x_hat|| + ||q||)`` with the exact A_t."""
+        D = self.A[0].rows if self.A else None
+        _tokens("x_hat", x_hat, len(self.A), D)
+        _tokens("q", q, len(self.A), D)
         out = []
         with amp.precision(self.dps):
             for t, A in enumerate(self.A):
@@ -161,9 +194,17 @@ def layer_truth(
     dps: int = amp.DPS,
 ) -> LayerTruth:
     """Ground truth of ``solvers.gka_layer`` for one sequence: q, k ``(T, D)``, v ``(T, Dv)``,
-    g, beta ``(T,)`` as stored (any dtype; converted exactly)."""
-    if q.ndim != 2:
-        raise ValueError(f"layer_truth takes one sequence, q of shape (T, D); got {tuple(q.shape)}")
+    g, beta ``(T,)`` as stored (one working dtype, as the layer takes them; converted exactly)."""
+    # The layer's own checks (a > 0, finite inputs, matching T and D, g <= 0, beta >= 0): a
+    # mismatch raised IndexError / an mpmath error, or a longer k, v, g, beta was read in part.
+    inp = validate_inputs(q, k, v, g, beta, a)
+    if q.ndim != 2 or inp.batch != torch.Size([]):
+        raise ValueError(
+            "layer_truth takes one sequence: q, k (T, D), v (T, Dv), g, beta (T,); got "
+            f"q of shape {tuple(q.shape)}, batch {tuple(inp.batch)}"
+        )
+    _solver_iters(solver, iters)
+    dps = _v.count("dps", dps, minimum=1)
     T, D = q.shape
     Dv = v.shape[-1]
     out = {
@@ -198,6 +239,11 @@ def layer_truth(
             Habs = gam * Habs + bet * _outer(ak, ak)
             Uabs = gam * Uabs + bet * _outer(av, ak)
             fro = _fro(H)
+            if fro == 0:  # the layer's error (solvers.gka.check_frobenius), not mpmath's
+                raise ValueError(
+                    f"H_t = 0 at token t = {t + 1} (keys k / input gate beta vanish with no "
+                    "earlier state): lambda_t = 0 and H_t + lambda_t I is singular"
+                )
             lam = am * fro
             A = H + lam * mpmath.eye(D)
             x = amp.solve_spd(A, qt)
@@ -233,6 +279,13 @@ def layer_truth(
     )
 
 
+def _dims(D, arith) -> int:
+    """The bounds' D (an int >= 1) and arith (a solvers.Arith)."""
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
+    return _v.count("D", D, minimum=1)
+
+
 def state_eps(t, arith: Arith):
     """Componentwise relative error of a stored state after t per-token updates (first order)."""
     return t * (6.0 * arith.u_acc + arith.u_store)
@@ -256,6 +309,9 @@ def layer_rounding_bound(truth: LayerTruth, D: int, a: float, arith: Arith) -> t
     a worst case: it grows like ``t kappa u_store``, so in bf16 it exceeds 1 (says nothing)
     after a few tokens even though measured errors stay near 1e-3 (docs/gka_layer.md).
     """
+    D, a = _dims(D, arith), _v.ridge_strength(a)
+    if truth.A and truth.A[0].rows != D:  # another D silently gave another (smaller) bound
+        raise ValueError(f"D = {D} but truth is of a layer with D = {truth.A[0].rows}")
     T = truth.fro.shape[0]
     t = torch.arange(1, T + 1, dtype=torch.float64)
     eps = state_eps(t, arith)
@@ -279,6 +335,7 @@ def naive_frobenius_bound(
 ) -> torch.Tensor:
     """Bound on ``|fro_hat_t - ||H_t||_F|`` for the per-token recurrence (``solvers.gka``):
     ``C_SECOND [state_eps(t) || |H|_t ||_F + (D^2 + 3)/2 u_acc ||H_t||_F]`` (module docstring)."""
+    D = _dims(D, arith)
     t = torch.arange(1, fro.shape[-1] + 1, dtype=torch.float64)
     return C_SECOND * (state_eps(t, arith) * H_abs_fro + (D * D + 3) / 2 * arith.u_acc * fro)
 
@@ -307,6 +364,9 @@ def chunk_frobenius_bound(
     * ``eps_chunk = (C + 5) u + eps_M + u_store``: one chunk-state update (the matmul over C
       keys, the decay, the store); the n-th chunk starts from a state after n - 1 of them.
     """
+    # chunk_size 0 gave NaN / inf, a negative one or a negative log_decay_mass a smaller bound
+    D, chunk_size = _dims(D, arith), _v.count("chunk_size", chunk_size, minimum=1)
+    log_decay_mass = _v.tolerance("log_decay_mass", log_decay_mass)
     u, s = arith.u_acc, arith.u_store
     T = fro.shape[-1]
     C = chunk_size
@@ -321,6 +381,7 @@ def chunk_frobenius_bound(
 def abs_state_fro(k: torch.Tensor, g=None, beta=None) -> torch.Tensor:
     """``|| |H|_t ||_F`` with ``|H|_t = sum_j M_{j,t} beta_j |k_j| |k_j|^T``, in float64 (a bound
     ingredient, not a measurement), for k ``(..., T, D)``."""
+    k = _v.floating("k", k, min_ndim=2)  # a 1-D k raised IndexError
     k64 = k.detach().to(torch.float64).abs()
     g64 = None if g is None else g.detach().to(torch.float64)
     b64 = None if beta is None else beta.detach().to(torch.float64)
@@ -329,6 +390,9 @@ def abs_state_fro(k: torch.Tensor, g=None, beta=None) -> torch.Tensor:
 
 def log_decay_mass(g, chunk_size: int) -> float:
     """The largest ``sum |g_i|`` over one chunk (0 without gates)."""
+    chunk_size = _v.count("chunk_size", chunk_size, minimum=1)  # 0 raised range()'s error
+    if g is not None:
+        g = _v.floating("g", g)  # a NaN gate gave a NaN mass
     if g is None or g.shape[-1] == 0:
         return 0.0
     a = g.detach().to(torch.float64).abs()

@@ -18,12 +18,16 @@ Cost: a replay is O(T d_k d_v) mp operations per head (~10 ms for T = 16, d = 8)
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Optional
 
 import mpmath
 import torch
 
 from solvers import Arith
+from solvers import kla as _kla
+from solvers import validation as _v
 
 from . import mp as amp
 from .mp import HighPrecision
@@ -31,6 +35,8 @@ from .mp import HighPrecision
 
 def working_scalar(x: float, arith: Arith) -> float:
     """A parameter (relaxation, eps) as the working solver uses it: rounded to the compute dtype."""
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
     return float(arith.scalar(x))
 
 
@@ -48,9 +54,23 @@ def _rows(t: torch.Tensor) -> list:
 
 
 def _flat_systems(A, b, x0):
-    """``(batch, m, n, A, b, x0)`` with the batch broadcast and flattened (x0 None: zeros)."""
-    batch = torch.broadcast_shapes(A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1])
+    """``(batch, m, n, A, b, x0)`` with the batch broadcast and flattened (x0 None: zeros).
+
+    Checked first: a mismatch raised torch's expand / reshape error, NaN came back as NaN."""
+    A = _v.floating("A", A, min_ndim=2)
     m, n = A.shape[-2:]
+    if m == 0 or n == 0:
+        raise ValueError(f"A must have m, n >= 1, got shape {tuple(A.shape)}")
+    b = _v.floating("b", b)
+    if b.shape[-1] != m:
+        raise ValueError(f"b has last dimension {b.shape[-1]} but A has {m} rows")
+    if x0 is not None:
+        x0 = _v.floating("x0", x0)
+        if x0.shape[-1] != n:
+            raise ValueError(f"x0 has last dimension {x0.shape[-1]} but A has {n} columns")
+    batch = _v.batch_shape(
+        "A, b and x0", A.shape[:-2], b.shape[:-1], () if x0 is None else x0.shape[:-1]
+    )
     A_f = A.expand(*batch, m, n).reshape(-1, m, n)
     b_f = b.expand(*batch, m).reshape(-1, m)
     x_f = (
@@ -59,6 +79,16 @@ def _flat_systems(A, b, x0):
         else x0.expand(*batch, n).reshape(-1, n)
     )
     return batch, m, n, A_f, b_f, x_f
+
+
+def _relaxation_eps(relaxation, eps) -> None:
+    """omega in (0, 2] (2: a working omega < 2 may round up to it) and eps >= 0, finite: NaN
+    replayed as NaN, eps < 0 changed the step (or skipped rows), omega = 0 divided by zero."""
+    if isinstance(relaxation, bool) or not isinstance(relaxation, numbers.Real):
+        raise TypeError(f"relaxation must be a float, got {type(relaxation).__name__}")
+    if not 0 < relaxation <= 2:
+        raise ValueError(f"relaxation must be in (0, 2], got {relaxation}")
+    _v.tolerance("eps", eps)
 
 
 def mp_kaczmarz(
@@ -78,6 +108,19 @@ def mp_kaczmarz(
     means cyclic. A row with ``||a_i||^2 + eps = 0`` is skipped (the solver's zero-row rule).
     """
     batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
+    sweeps, dps = _v.count("sweeps", sweeps), _v.count("dps", dps, minimum=1)
+    _relaxation_eps(relaxation, eps)
+    if rows is not None:  # an index out of range raised IndexError, -1 read the last row
+        if not isinstance(rows, torch.Tensor) or rows.dtype not in (torch.int32, torch.int64):
+            raise TypeError("rows must be an integer tensor (sweeps, *batch, m) of row indices")
+        if rows.ndim < 1 or rows.shape[0] < sweeps or tuple(rows.shape[1:]) != (*batch, m):
+            raise ValueError(
+                f"rows must have shape (>= sweeps, *batch, m) = (>= {sweeps}, "
+                f"{', '.join(str(d) for d in (*batch, m))}), got {tuple(rows.shape)}"
+            )
+        if rows.numel() and not bool(((rows >= 0) & (rows < m)).all()):
+            raise ValueError(f"rows must hold row indices in [0, {m})")
+        rows = rows[:sweeps]
     r_f = None if rows is None else rows.reshape(sweeps, -1, m)
     values = [[] for _ in range(sweeps + 1)]
     with amp.precision(dps):
@@ -103,16 +146,23 @@ def kaczmarz_limit(A, b, x0=None, *, dps: int = amp.DPS) -> HighPrecision:
     system -- the solution closest to x0. Full rank is assumed: ``A^+ r = (A^T A)^{-1} A^T r`` for
     m >= n, ``A^T (A A^T)^{-1} r`` for m < n, solved by mp Cholesky."""
     batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
+    dps = _v.count("dps", dps, minimum=1)
     out = []
     with amp.precision(dps):
         for s in range(A_f.shape[0]):
             Am = amp.to_mp(A_f[s])
             x = amp.to_mp(x_f[s])
             r = amp.to_mp(b_f[s]) - Am * x
-            if m >= n:
-                step = amp.solve_spd(Am.T * Am, Am.T * r)
-            else:
-                step = Am.T * amp.solve_spd(Am * Am.T, r)
+            try:
+                if m >= n:
+                    step = amp.solve_spd(Am.T * Am, Am.T * r)
+                else:
+                    step = Am.T * amp.solve_spd(Am * Am.T, r)
+            except (ValueError, ZeroDivisionError):  # mpmath's Cholesky error, named
+                raise ValueError(
+                    f"A must have full rank (kaczmarz_limit assumes it); system {s} of the "
+                    "flattened batch does not"
+                ) from None
             out.extend(x[j] + step[j] for j in range(n))
         return HighPrecision.from_mp(out, (*batch, n))
 
@@ -125,6 +175,8 @@ def mp_sweep_closed_form(
     ``D_eps = diag(||a_i||^2 + eps)``, L the strict lower part of ``A A^T``; rows with
     ``||a_i||^2 + eps = 0`` (skipped by the solver) get y_i = 0."""
     batch, m, n, A_f, b_f, x_f = _flat_systems(A, b, x0)
+    dps = _v.count("dps", dps, minimum=1)
+    _relaxation_eps(relaxation, eps)
     out = []
     with amp.precision(dps):
         omega, eps_m = mpmath.mpf(relaxation), mpmath.mpf(eps)
@@ -164,6 +216,10 @@ def mp_kla(
     None replays Algorithm 1 (left); an int replays Algorithm 1 (right) -- Prop. 3's triangular
     solve and Prop. 4's outputs, with ``gamma_i / gamma_j`` formed as exact products.
     """
+    _kla.check_arguments(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries)
+    if chunk_size is not None:
+        chunk_size = _v.count("chunk_size", chunk_size, minimum=1)  # 0: range()'s error
+    dps = _v.count("dps", dps, minimum=1)
     *lead, T, H, d_k = k.shape
     d_v = v.shape[-1]
     per_channel = isinstance(alpha, torch.Tensor) and alpha.ndim == k.ndim
@@ -175,7 +231,8 @@ def mp_kla(
         if initial_state is None
         else initial_state.expand(*lead, H, d_k, d_v)
     )
-    flat = lambda t, tail: t.to(torch.float64).reshape(-1, *tail)  # noqa: E731
+    # the batch size spelt out: reshape(-1, ...) is ambiguous when T, H or d is 0
+    flat = lambda t, tail: t.to(torch.float64).reshape(math.prod(lead), *tail)  # noqa: E731
     qf, kf, vf = flat(q, (T, H, d_k)), flat(k, (T, H, d_k)), flat(v, (T, H, d_v))
     af = flat(al, (T, H, d_k) if per_channel else (T, H))
     ef, sf = flat(et, (T, H)), flat(S0, (H, d_k, d_v))
@@ -235,7 +292,7 @@ class _Head:
     def tokenwise(self):
         """Algorithm 1 (left)."""
         S = [row[:] for row in self.S0]
-        d_k, d_v = len(self.k[0]), len(self.v[0])
+        d_k, d_v = len(self.S0), len(self.v[0]) if self.v else 0  # T = 0: no k[0]
         outs = []
         for t in range(len(self.k)):
             Sd = [[self.alpha[t][c] * S[c][j] for j in range(d_v)] for c in range(d_k)]
@@ -253,7 +310,7 @@ class _Head:
     def chunkwise(self, C: int):
         """Algorithm 1 (right) chunk by chunk (Props. 3-4, App. B.5 per channel)."""
         S = [row[:] for row in self.S0]
-        d_k, d_v = len(self.k[0]), len(self.v[0])
+        d_k, d_v = len(self.S0), len(self.v[0]) if self.v else 0  # T = 0: no k[0]
         T = len(self.k)
         outs = []
         for start in range(0, T, C):

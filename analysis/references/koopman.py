@@ -24,6 +24,8 @@ Bounds provided here (each a function, named where tests assert it):
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +34,7 @@ import torch
 
 from analysis.precision import gamma, rounding_product
 from solvers import Arith
+from solvers import validation as _v
 
 from .mp import DPS, precision, to_mp
 
@@ -58,6 +61,10 @@ def statistics(
     scale=None,
 ) -> MpStatistics:
     """Eqs. (4)-(6) / (53) for ``z (T, r)``, ``v (T, P)`` exactly; ``scale`` None = sequence max."""
+    _sequence(z, v, mask)
+    eps = _real("eps", eps, low=0.0)  # eps < 0 made G~ indefinite, NaN all of it NaN
+    if scale is not None:
+        scale = _real("scale", scale, low=0.0, low_open=True)  # 0 divided by zero
     T, r = z.shape
     P = v.shape[-1]
     Z, Vm = to_mp(z.to(torch.float64)), to_mp(v.to(torch.float64))
@@ -86,9 +93,46 @@ def statistics(
     return MpStatistics(G, M, Cv, m, mpmath.mpf(eps))
 
 
+def _sequence(z, v, mask) -> None:
+    """One sequence ``z (T, r)``, ``v (T, P)``, ``mask (T,)`` of 0/1 (as the solver's): NaN came
+    back as NaN statistics, a shorter v or mask raised IndexError, a longer one was read in part."""
+    z = _v.floating("z", z, min_ndim=2)
+    v = _v.floating("v", v, min_ndim=2)
+    if z.ndim != 2 or v.ndim != 2:
+        raise ValueError(
+            f"z and v must be one sequence (T, r), (T, P); got {tuple(z.shape)}, {tuple(v.shape)}"
+        )
+    if v.shape[0] != z.shape[0]:
+        raise ValueError(f"v has {v.shape[0]} positions but z has {z.shape[0]}")
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+        if tuple(mask.shape) != (z.shape[0],):
+            raise ValueError(f"mask must have shape ({z.shape[0]},), got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError("mask must be boolean or hold only 0 and 1")  # 0.5 read as True
+
+
+def _real(name: str, x, *, low: float = -math.inf, low_open: bool = False) -> float:
+    """A finite real number above ``low`` (a one-element tensor is read as its value)."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    if not (math.isfinite(x) and (x > low if low_open else x >= low)):
+        bound = "" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{name} must be a finite real{bound}, got {x}")
+    return float(x)
+
+
 def cholesky(G: mpmath.matrix) -> mpmath.matrix:
     """Lower-triangular L with G = L L^T at the current precision."""
-    return mpmath.cholesky(G)
+    try:
+        return mpmath.cholesky(G)
+    except (ValueError, ZeroDivisionError):  # mpmath's error, named (eps = 0 and rank-deficient z)
+        raise ValueError(
+            "G~ = eps I + sum z^ z^T must be positive definite (pass eps > 0 to statistics())"
+        ) from None
 
 
 def whitened(st: MpStatistics):
@@ -103,9 +147,22 @@ def _unit(x: mpmath.matrix) -> mpmath.matrix:
     return x if n == 0 else x / n
 
 
+def _square(A, v0) -> int:
+    """A square mpmath matrix (A_w) and a start vector of its size: a non-square A gave a bound
+    of the wrong operator."""
+    if not isinstance(A, mpmath.matrix):
+        raise TypeError(f"A must be an mpmath.matrix, got {type(A).__name__}")
+    if A.rows != A.cols:
+        raise ValueError(f"A must be square, got {A.rows}x{A.cols}")
+    if v0 is not None and (not isinstance(v0, mpmath.matrix) or (v0.rows, v0.cols) != (A.rows, 1)):
+        raise ValueError(f"v0 must be an mpmath column vector of {A.rows} entries")
+    return A.rows
+
+
 def power_sigma(A: mpmath.matrix, iters: int = 6, v0: Optional[mpmath.matrix] = None) -> mpmath.mpf:
     """The estimate of ``solvers.koopman.power_sigma_max`` replayed exactly."""
-    r = A.rows
+    iters = _v.count("iters", iters)  # -1 silently ran no step
+    r = _square(A, v0)
     v = v0 if v0 is not None else mpmath.matrix([1 / mpmath.sqrt(r)] * r)
     for _ in range(iters):
         u = _unit(A * v)
@@ -131,7 +188,10 @@ def power_ratio_bound(
     >= s1^2 / (1 + tan^2 theta_0 (s2/s1)^{4k})`` with ``c_i`` the coordinates of v_0 in the right
     singular basis and ``tan^2 theta_0 = (1 - c_1^2) / c_1^2``.
     """
-    r = A.rows
+    iters = _v.count("iters", iters)  # -1 gave a bound for a negative step count
+    r = _square(A, v0)
+    if v0 is not None and mpmath.norm(v0, 2) == 0:
+        raise ValueError("v0 must be a nonzero vector")  # was ZeroDivisionError
     v = v0 if v0 is not None else mpmath.matrix([1 / mpmath.sqrt(r)] * r)
     s, top = singular_values(A)
     if s[0] == 0:
@@ -154,6 +214,10 @@ def statistics_bound(additions: int, arith: Arith, r: int) -> float:
     gamma_{r+1}(2^-53), once per factor). Prefix / masked / stream: ``additions = T``;
     chunk-causal: ``S + C`` (within the chunk, then across chunks) <= ``T + C``.
     """
+    # negative counts gave a smaller theta; a str arith an AttributeError
+    additions, r = _v.count("additions", additions), _v.count("r", r)
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
     norm = gamma(r + 1, 2.0**-53)
     return (1 + rounding_product(additions + 5, arith, 3)) * (1 + norm) ** 2 - 1
 
@@ -163,6 +227,19 @@ def absolute_statistics(z: torch.Tensor, v: torch.Tensor, mask=None, scale=None,
 
     The factors of :func:`statistics_bound`; float64 suffices, they only scale a bound.
     """
+    # as in statistics(): NaN gave NaN factors, a mismatch torch's error, scale 0 inf factors
+    z, v = _v.floating("z", z, min_ndim=2), _v.floating("v", v, min_ndim=2)
+    if v.shape[-2] != z.shape[-2]:
+        raise ValueError(f"v has {v.shape[-2]} positions but z has {z.shape[-2]}")
+    if mask is not None and (
+        not isinstance(mask, torch.Tensor) or mask.shape[-1:] != z.shape[-2:-1]
+    ):
+        raise ValueError(f"mask must be a tensor of shape (..., {z.shape[-2]})")
+    if scale is not None:
+        sc = torch.as_tensor(scale, dtype=torch.float64)
+        if not bool((torch.isfinite(sc) & (sc > 0)).all()):
+            raise ValueError("scale must be finite and > 0")
+    eps = _real("eps", eps, low=0.0)
     z64, v64 = z.to(torch.float64).abs(), v.to(torch.float64).abs()
     m = (
         torch.linalg.vector_norm(z.to(torch.float64), dim=-1).amax(-1).clamp(min=SCALE_FLOOR)
@@ -207,6 +284,17 @@ def readout(
     power_iters: int = 6,
 ) -> MpReadout:
     """Appendix F steps 4-10 in mpmath for queries ``zq (Q, r)`` (raw; divided by ``st.m``)."""
+    if not isinstance(st, MpStatistics):
+        raise TypeError(f"st must be an MpStatistics (of statistics()), got {type(st).__name__}")
+    zq = _v.floating("zq", zq, min_ndim=2)  # NaN came back as NaN outputs
+    if zq.ndim != 2 or zq.shape[1] != st.G.rows:
+        raise ValueError(f"zq must have shape (Q, r) with r = {st.G.rows}, got {tuple(zq.shape)}")
+    v = _v.floating("v", v, min_ndim=2)  # NaN: mpmath's svd did not converge
+    if v.ndim != 2 or v.shape[1] != st.Cv.rows:
+        raise ValueError(f"v must have shape (T, P) with P = {st.Cv.rows}, got {tuple(v.shape)}")
+    # K = -1 silently applied no filter; gamma <= 0 flipped or zeroed the operator
+    K, power_iters = _v.count("K", K), _v.count("power_iters", power_iters)
+    eta, gamma = _real("eta", eta), _real("gamma", gamma, low=0.0, low_open=True)
     with precision(DPS):
         L, Li, A_w = whitened(st)
         sig_p = power_sigma(A_w, power_iters)
@@ -255,4 +343,9 @@ def readout_scale(
     ``y = eta (C_v L^{-T}) A'^K (L^{-1} z^q)`` with ``C_v L^{-T} = V^T (L^{-1} Z)^T`` and
     ``||L^{-1} Z|| <= 1``, ``||A'|| <= gamma ||A_w|| <= gamma``, ``||L^{-1}|| = lambda_min^{-1/2}``.
     """
+    # lam_min <= 0 divided by zero or gave a complex number, a negative norm a negative S
+    eta, gamma = _real("eta", eta), _real("gamma", gamma, low=0.0, low_open=True)
+    K = _v.count("K", K)
+    v_norm, q_norm = _real("v_norm", v_norm, low=0.0), _real("q_norm", q_norm, low=0.0)
+    lam_min = _real("lam_min", lam_min, low=0.0, low_open=True)
     return abs(eta) * gamma**K * v_norm * q_norm / lam_min**0.5
