@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import numbers
 import os
 import pathlib
 import tempfile
@@ -65,6 +66,13 @@ from .mp import HighPrecision  # noqa: F401  (re-exported: the values this modul
 METHODS = ("chebyshev", "cg", "gd", "agd")
 SOLVERS = {"chebyshev": chebyshev_solver, "cg": cg_solver, "gd": gd_solver, "agd": agd_solver}
 NEEDS_BOUNDS = {"chebyshev": True, "cg": False, "gd": True, "agd": True}
+CONSTANTS = {"chebyshev": ("step", "rho2"), "cg": (), "gd": ("step",), "agd": ("step", "beta")}
+
+
+def _method(method) -> str:
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    return method
 
 
 # ----------------------------------------------------------------------------- values
@@ -127,29 +135,40 @@ def working_constants(method: str, L, mu, arith: Arith) -> dict:
     ``Arith.scalar`` to the compute dtype (fp32 in bf16 storage mode, bf16 in strict mode).
     Returned as float64 tensors (exact: the rounded values are representable).
     """
-    if method == "cg":
+    if _method(method) == "cg":
         return {}
-    L = torch.as_tensor(L, dtype=torch.float64)
-    mu = torch.as_tensor(mu, dtype=torch.float64)
+    if not isinstance(arith, Arith):
+        raise TypeError(f"arith must be a solvers.Arith, got {type(arith).__name__}")
+    # L < mu, mu <= 0 or a NaN gave NaN (or negative) constants silently
+    given = [v for v in (L, mu) if isinstance(v, torch.Tensor)]
+    batch = _v.batch_shape("L and mu", *(v.shape for v in given))
+    device = given[0].device if given else "cpu"
+    L, mu = _v.parameter("L", L, batch, device), _v.parameter("mu", mu, batch, device)
+    _v.spectrum_bounds(L, mu)
     rounded = lambda v: arith.scalar(v).to(torch.float64)  # noqa: E731
     if method in ("chebyshev", "gd"):
         consts = {"step": rounded(2.0 / (L + mu))}  # chebyshev.py / gradient.py: 2/(L+mu)
         if method == "chebyshev":
             consts["rho2"] = rounded(((L - mu) / (L + mu)) ** 2)
         return consts
-    if method == "agd":
-        sk = torch.sqrt(L / mu)
-        return {"step": rounded(1.0 / L), "beta": rounded((sk - 1.0) / (sk + 1.0))}
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    sk = torch.sqrt(L / mu)  # agd
+    return {"step": rounded(1.0 / L), "beta": rounded((sk - 1.0) / (sk + 1.0))}
 
 
 def exact_constants(method: str, L, mu) -> dict:
     """The constants of ``method`` (as :func:`working_constants` names them) computed in mpmath,
     at the caller's precision, from L and mu (floats, converted exactly, or mpf): the paper's
     algorithm."""
-    L, mu = mpmath.mpf(L), mpmath.mpf(mu)
-    if method == "cg":
+    # an unknown method got AGD's constants; mu = 0 divided by zero; mu < 0 gave a complex
+    # beta, L < mu or a NaN wrong constants, silently
+    if _method(method) == "cg":
         return {}
+    for name, v in (("L", L), ("mu", mu)):
+        if isinstance(v, bool) or not isinstance(v, (numbers.Real, mpmath.mpf)):
+            raise TypeError(f"{name} must be a float or an mpf, got {type(v).__name__}")
+    L, mu = mpmath.mpf(L), mpmath.mpf(mu)
+    if not (mpmath.isfinite(L) and mpmath.isfinite(mu) and L >= mu > 0):
+        raise ValueError(f"L and mu must be finite with L >= mu > 0, got L = {L}, mu = {mu}")
     if method in ("chebyshev", "gd"):
         c = {"step": 2 / (L + mu)}
         if method == "chebyshev":
@@ -251,8 +270,20 @@ def mp_iterates(method: str, H, q, iters: int, constants: dict) -> list:
     :func:`exact_constants` (or :func:`working_constants`, converted to mpf). Each iterate
     is a list of mpf.
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    _method(method)
+    iters = _v.count("iters", iters)  # -1 returned x_0 alone, silently
+    if isinstance(H, torch.Tensor) or isinstance(q, torch.Tensor):
+        raise TypeError("H and q must be lists of mpf, not tensors (see analysis.references.mp)")
+    # a q shorter or longer than H was read in part (zip), silently
+    D = len(q)
+    if D == 0 or len(H) != D or any(len(row) != D for row in H):
+        raise ValueError(
+            f"H must be a D x D list of rows for q of length D >= 1, got {len(H)} rows "
+            f"of lengths {sorted({len(row) for row in H})} and D = {D}"
+        )
+    missing = [k for k in CONSTANTS[method] if k not in constants]
+    if missing:  # was a KeyError
+        raise ValueError(f"constants must hold {CONSTANTS[method]} for {method}, missing {missing}")
     return _REPLAYS[method](H, q, iters, constants)
 
 
@@ -341,6 +372,9 @@ def _flat_systems(H: torch.Tensor, q: torch.Tensor):
         raise ValueError(f"q has last dimension {q.shape[-1]} but H is {H.shape[-2]}x{H.shape[-1]}")
     if H.shape[-1] == 0:
         raise ValueError(f"H must have D >= 1, got shape {tuple(H.shape)}")
+    # mp Cholesky reads one triangle only: a non-symmetric H was silently another system
+    if not torch.equal(H, H.mT):
+        raise ValueError("H must be symmetric (exactly, as stored)")
     batch = _v.batch_shape("H and q", H.shape[:-2], q.shape[:-1])
     D = H.shape[-1]
     Hf = H.expand(*batch, D, D).reshape(-1, D, D)
@@ -388,7 +422,7 @@ def exact_solution(
 
     H: ``(..., D, D)`` symmetric, q: ``(..., D)``, any working dtype; batch dims broadcast.
     """
-    if dps < amp.DPS:
+    if _v.count("dps", dps) < amp.DPS:  # a str or None failed deep, inf in mpmath
         raise ValueError(f"dps must be >= {amp.DPS} for ground truth, got {dps}")
     batch, D, Hf, qf = _flat_systems(H, q)
     parts = [
@@ -551,6 +585,16 @@ def error_split(
     iterates: ``(iters + 1, *batch, D)`` as ``SolveInfo.iterates``; when omitted the reference
     solver runs with ``return_info=True``.
     """
+    _method(method)  # was a KeyError
+    if iterates is not None:
+        # a list failed deep in torch; (D,) or (iters + 1, D) against a batch broadcast silently
+        batch, D, _, _ = _flat_systems(H, q)
+        _v.floating("iterates", iterates, finite_values=False)  # a diverged run is measured
+        want = (_v.count("iters", iters) + 1, *batch, D)
+        if tuple(iterates.shape) != want:
+            raise ValueError(
+                f"iterates must be (iters + 1, *batch, D) = {want}, got {tuple(iterates.shape)}"
+            )
     if iterates is None:
         kw = {"L": L, "mu": mu} if NEEDS_BOUNDS[method] else {}
         _, info = SOLVERS[method](H, q, iters=iters, bf16_mode=bf16_mode, return_info=True, **kw)

@@ -20,6 +20,7 @@ Run: ``python -m analysis allowance [--quick] [--out DIR]`` or, the same command
 from __future__ import annotations
 
 import math
+import numbers
 import pathlib
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from analysis.precision import ALLOWANCE_C, PRECISIONS, allowance_applies, allow
 from analysis.references import iterative as gt
 from analysis.testing.strategies.ridge import ridge_system
 from analysis.testing.strategies.spd import SPECTRUM_KINDS, spd_system
+from solvers import validation as _v
 
 
 @dataclass
@@ -79,6 +81,15 @@ def survey_problems(quick: bool) -> list:
 
 def survey_iters(method: str, kappa: float, D: int) -> int:
     """Enough iterations to converge to below every working precision (or a cost cap)."""
+    # an unknown method got Chebyshev's count, a D < 1 a negative one for CG, a kappa < 1
+    # (or NaN, inf) "math domain error" or a ZeroDivisionError
+    if not isinstance(method, str) or method not in gt.METHODS:
+        raise ValueError(f"method must be one of {gt.METHODS}, got {method!r}")
+    D = _v.count("D", D, minimum=1)
+    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real):
+        raise TypeError(f"kappa must be a float, got {type(kappa).__name__}")
+    if not 1.0 <= kappa < math.inf:
+        raise ValueError(f"kappa must be a finite float >= 1, got {kappa}")
     ra = (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
     if method == "cg":
         return 4 * D
@@ -120,6 +131,16 @@ def _worse(ratio: float, worst: float) -> bool:
 
 
 def survey(quick: bool = False, methods: Iterable[str] = gt.METHODS, progress=None) -> list:
+    # checked before any work: methods="cg" was read as "c", "g", and an unknown method or a
+    # progress that is not callable failed after the first exact solutions
+    if isinstance(methods, str):
+        raise TypeError(f"methods must be an iterable of method names, not the str {methods!r}")
+    methods = tuple(methods)
+    bad = [m for m in methods if not isinstance(m, str) or m not in gt.METHODS]
+    if bad:
+        raise ValueError(f"methods must be among {gt.METHODS}, got {bad}")
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable or None, got {type(progress).__name__}")
     problems = survey_problems(quick)
     results = []
     for method in methods:
@@ -194,8 +215,11 @@ def as_markdown(results: list) -> str:
 
 def write_table(quick: bool, out: pathlib.Path, progress=None) -> tuple:
     """Run the survey and write its table to ``out/allowance.md``: (the table, the path)."""
-    md = as_markdown(survey(quick=quick, progress=progress))
     path = pathlib.Path(out) / "allowance.md"
+    # was found only at the write, after the whole survey ("" would mean the current folder)
+    if (isinstance(out, str) and not out.strip()) or not path.parent.is_dir():
+        raise ValueError(f"out must be an existing folder, got {str(out)!r}")
+    md = as_markdown(survey(quick=quick, progress=progress))
     path.write_text(md)
     return md, path
 

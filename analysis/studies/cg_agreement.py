@@ -32,6 +32,7 @@ from analysis.precision import rounding_allowance
 from analysis.references.iterative import exact_solution, replay
 from analysis.testing.strategies.spd import spd_system
 from solvers import Arith
+from solvers import validation as _v
 
 FULL = [(D, kappa) for D in (8, 16) for kappa in (10.0, 50.0, 1000.0)]
 QUICK = [(8, 50.0)]
@@ -58,10 +59,21 @@ def scipy_iterates(H: torch.Tensor, q: torch.Tensor, iters: int) -> torch.Tensor
     """``scipy.sparse.linalg.cg``'s iterates x_0 = 0 .. x_iters (``rtol = atol = 0``: every step runs)."""
     from scipy.sparse.linalg import cg as scipy_cg
 
+    # iters = -1 returned x_0 alone; a batch, a list, bf16 or a grad-tracking tensor failed
+    # deep in scipy or numpy, a NaN ran to NaN iterates
+    iters = _v.count("iters", iters)
+    H = _v.square_matrix("H", H)
+    q = _v.rhs("q", q, "H", H)
+    if H.ndim != 2 or q.ndim != 1:
+        raise ValueError(
+            f"H must be one D x D matrix and q one vector, got {tuple(H.shape)}, {tuple(q.shape)}"
+        )
+    if H.dtype == torch.bfloat16:
+        raise TypeError("H has dtype torch.bfloat16; scipy takes float64 or float32")
     seen = [np.zeros(q.shape[-1])]
     scipy_cg(
-        H.numpy(),
-        q.numpy(),
+        H.detach().cpu().numpy(),
+        q.detach().cpu().numpy(),
         rtol=0.0,
         atol=0.0,
         maxiter=iters,

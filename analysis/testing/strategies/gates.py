@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from . import _checks
+
 GATE_REGIMES = ("moderate", "near_zero", "near_one", "mixed")
 _RANGES = {"moderate": (-3.0, 0.0), "near_zero": (-60.0, -10.0), "near_one": (-1e-6, 0.0)}
 _F64 = torch.float64
@@ -29,6 +31,7 @@ def log_gates(
     """``(*batch, T)`` log gates ``g <= 0`` of one regime (module docstring)."""
     if regime not in GATE_REGIMES:
         raise ValueError(f"regime must be one of {GATE_REGIMES}, got {regime!r}")
+    T = _checks.count("T", T)
     gen = torch.Generator().manual_seed(seed)
     u = torch.rand(*batch, T, generator=gen, dtype=_F64)
     if regime != "mixed":
@@ -42,18 +45,39 @@ def log_gates(
     return out
 
 
-@st.composite
-def log_gate_sequences(draw, T: int, regimes=GATE_REGIMES, batch: tuple = ()):
+def log_gate_sequences(T: int, regimes=GATE_REGIMES, batch: tuple = ()):
     """Hypothesis: ``(*batch, T)`` log gates of a drawn regime (values drawn through a seed)."""
+    # checked here, when the strategy is built: a composite would only fail at the first draw
+    # (and regimes="mixed" would be sampled letter by letter)
+    T = _checks.count("T", T)
+    regimes = _checks.choices("regimes", regimes, GATE_REGIMES)
+    batch = _checks.shape("batch", batch)
+    return _log_gate_sequences(T, regimes, batch)
+
+
+@st.composite
+def _log_gate_sequences(draw, T, regimes, batch):
     regime = draw(st.sampled_from(regimes))
     return log_gates(T, regime, seed=draw(st.integers(0, 2**31 - 1)), batch=batch)
 
 
+def log_gate_values(T: int, regime: str = "moderate"):
+    """Hypothesis: ``(T,)`` log gates drawn value by value (shrinkable) inside a regime's range;
+    ``mixed``: each value inside the range of one of the other three."""
+    T = _checks.count("T", T)
+    if regime not in GATE_REGIMES:
+        raise ValueError(f"regime must be one of {GATE_REGIMES}, got {regime!r}")
+    return _log_gate_values(T, regime)
+
+
 @st.composite
-def log_gate_values(draw, T: int, regime: str = "moderate"):
-    """Hypothesis: ``(T,)`` log gates drawn value by value (shrinkable) inside a regime's range."""
-    lo, hi = _RANGES[regime]
-    vals = draw(st.lists(st.floats(lo, hi, allow_nan=False), min_size=T, max_size=T))
+def _log_gate_values(draw, T, regime):
+    if regime == "mixed":  # _RANGES has no entry for it: a KeyError at the first draw
+        value = st.one_of(*[st.floats(lo, hi, allow_nan=False) for lo, hi in _RANGES.values()])
+    else:
+        lo, hi = _RANGES[regime]
+        value = st.floats(lo, hi, allow_nan=False)
+    vals = draw(st.lists(value, min_size=T, max_size=T))
     return torch.tensor(vals, dtype=_F64)
 
 

@@ -13,6 +13,9 @@ from typing import Optional
 import torch
 from hypothesis import strategies as st
 
+from solvers.validation import ridge_strength
+
+from . import _checks
 from .gates import GATE_REGIMES, log_gates
 
 _F64 = torch.float64
@@ -48,6 +51,14 @@ def gka_case(
     seed: int = 0,
 ) -> GKACase:
     """A deterministic case; ``regime=None`` gives no decay gate (gamma = 1)."""
+    # a <= 0 or an empty size would build a case no GKA layer accepts, silently
+    T, D, Dv = (
+        _checks.count("T", T, minimum=1),
+        _checks.count("D", D, minimum=1),
+        _checks.count("Dv", Dv, minimum=1),
+    )
+    a = ridge_strength(a)
+    batch = _checks.shape("batch", batch)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(*batch, T, D, generator=gen, dtype=_F64)
     k = torch.randn(*batch, T, D, generator=gen, dtype=_F64)
@@ -57,9 +68,7 @@ def gka_case(
     return GKACase(q, k, v, g, beta, a)
 
 
-@st.composite
 def gka_cases(
-    draw,
     max_T: int = 6,
     max_D: int = 4,
     regimes=GATE_REGIMES + (None,),
@@ -67,6 +76,23 @@ def gka_cases(
     batch: tuple = (),
 ):
     """Hypothesis: a :class:`GKACase` with drawn sizes, ridge strength, gate regime and seed."""
+    # checked when the strategy is built (a composite fails only at the first draw, and
+    # a_range=(-1, 1) or (0, 1) would silently draw ridge strengths a <= 0)
+    max_T, max_D = (
+        _checks.count("max_T", max_T, minimum=1),
+        _checks.count("max_D", max_D, minimum=1),
+    )
+    regimes = _checks.choices("regimes", regimes, GATE_REGIMES + (None,))
+    if isinstance(a_range, (str, bytes)) or len(a_range) != 2:
+        raise TypeError(f"a_range must be a pair (low, high), got {a_range!r}")
+    lo = _checks.real("a_range[0]", a_range[0], minimum=0.0, open_min=True)
+    hi = _checks.real("a_range[1]", a_range[1], minimum=0.0, open_min=True)
+    _checks.ordered("a_range[0]", lo, "a_range[1]", hi)
+    return _gka_cases(max_T, max_D, regimes, (lo, hi), _checks.shape("batch", batch))
+
+
+@st.composite
+def _gka_cases(draw, max_T, max_D, regimes, a_range, batch):
     T = draw(st.integers(1, max_T))
     D = draw(st.integers(1, max_D))
     Dv = draw(st.integers(1, max_D))

@@ -41,7 +41,8 @@ from hypothesis import strategies as st
 
 from solvers.ridge import RidgeSystem, gka_ridge
 
-from .bf16 import bf16_floats, bf16_vectors
+from . import _checks
+from .bf16 import bf16_floats, bf16_vectors, to_bf16
 
 _F64 = torch.float64
 
@@ -121,6 +122,27 @@ def _nonzero_rows(rows) -> bool:
     return any(any(x != 0.0 for x in r) for r in rows)
 
 
+_MIN_ENTRY = 2.0**-8  # bf16_floats' default min_magnitude: the smallest nonzero entry drawn
+
+
+def _entry_bound(max_entry) -> float:
+    """``max_entry`` of the literal strategies: below 2^-8 every entry would be 0."""
+    return _checks.real("max_entry", max_entry, minimum=_MIN_ENTRY)
+
+
+def _bf16_at_most(x: float) -> float:
+    v = to_bf16(x)
+    return (
+        v
+        if v <= x
+        else float(
+            torch.nextafter(
+                torch.tensor(v, dtype=torch.bfloat16), torch.tensor(0.0, dtype=torch.bfloat16)
+            )
+        )
+    )
+
+
 def gka_sequences(
     *,
     min_T: int = 1,
@@ -140,6 +162,15 @@ def gka_sequences(
     ``gated=False``: the "no weighting" ablation); ``with_H0`` adds 1-2 keys for a chunk
     initial state H_0.
     """
+    # checked when the strategy is built: min_T = 0 gave a sequence with one key and no
+    # gates/queries; a <= 0 a singular system; max_entry below the smallest nonzero entry
+    # (2^-8) or min_log_gate > 0 only an error or a health-check failure at the first draw
+    min_T, max_T = _checks.sizes("min_T", min_T, "max_T", max_T)
+    min_dim, max_dim = _checks.sizes("min_dim", min_dim, "max_dim", max_dim)
+    a = _checks.ridge_strengths("a", a)
+    max_entry = _entry_bound(max_entry)
+    if _checks.real("min_log_gate", min_log_gate) > 0.0:
+        raise ValueError(f"min_log_gate must be <= 0 (g_t <= 0), got {min_log_gate}")
 
     @st.composite
     def build(draw):
@@ -180,6 +211,13 @@ def gka_systems(
 ):
     """Strategy: :class:`GKASystem` with 1..max_keys keys (``||H||_F > 0``), including rank-one H,
     which attains the bound of eq. (4)."""
+    # min_dim = 0 gave a 1-entry key with an empty q; a <= 0 a singular system
+    min_dim, max_dim = _checks.sizes("min_dim", min_dim, "max_dim", max_dim)
+    max_keys = _checks.count("max_keys", max_keys, minimum=1)
+    a = _checks.ridge_strengths("a", a)
+    max_entry = _entry_bound(max_entry)
+    # the replacement of an all-zero draw stays within +-max_entry (1.0 for max_entry >= 1)
+    unit = 1.0 if max_entry >= 1.0 else _bf16_at_most(max_entry)
 
     @st.composite
     def build(draw):
@@ -187,7 +225,7 @@ def gka_systems(
         n = draw(st.integers(1, max_keys))
         entry = dict(min_value=-max_entry, max_value=max_entry)
         keys = tuple(draw(bf16_vectors(D, **entry)) for _ in range(n))
-        keys = keys if _nonzero_rows(keys) else ((1.0,) + (0.0,) * (D - 1),) + keys[1:]
+        keys = keys if _nonzero_rows(keys) else ((unit,) + (0.0,) * (D - 1),) + keys[1:]
         return GKASystem(keys=keys, q=draw(bf16_vectors(D, **entry)), a=draw(st.sampled_from(a)))
 
     return build()
@@ -198,6 +236,11 @@ def eigenvalue_bounds(
 ):
     """Strategy: ``(L, mu)`` with ``L >= mu > 0`` (``L > mu`` when ``strict``), kappa = L/mu in
     ``[min_kappa, max_kappa]``, mu a bf16 value in [2^-4, 4]: the inputs of GKA Algorithm 1."""
+    # kappa < 1 gave L < mu (strict=False) or L = mu + ulp outside the range; strict with
+    # max_kappa = 1 cannot have L > mu
+    min_kappa, max_kappa = _checks.kappas("min_kappa", min_kappa, "max_kappa", max_kappa)
+    if strict and not max_kappa > 1.0:
+        raise ValueError(f"strict=True (L > mu) needs max_kappa > 1, got {max_kappa}")
 
     @st.composite
     def build(draw):
@@ -207,6 +250,11 @@ def eigenvalue_bounds(
         L = mu * kappa
         if strict and not L > mu:
             L = math.nextafter(mu, math.inf)
+        # 2 ** log2(kappa) and mu * kappa round: step L back inside the promised range of L / mu
+        while L / mu > max_kappa:
+            L = math.nextafter(L, 0.0)
+        while L / mu < min_kappa or (strict and not L > mu):
+            L = math.nextafter(L, math.inf)
         return L, mu
 
     return build()
@@ -231,6 +279,8 @@ def ridge_system(D: int, a: float, *, T: int = 64, gamma: float = 1.0, seed: int
     q a unit-norm query. gamma = 1 is the Fig. 1a generator (appendix F) at one token."""
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    # D = 0 or T = 0 failed as "H has zero Frobenius norm", naming neither
+    D, T = _checks.count("D", D, minimum=1), _checks.count("T", T, minimum=1)
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(T, D, generator=g, dtype=_F64)
     k = k / torch.linalg.vector_norm(k, dim=-1, keepdim=True)
@@ -243,6 +293,10 @@ def ridge_system(D: int, a: float, *, T: int = 64, gamma: float = 1.0, seed: int
 
 def ridge_systems(*, min_dim: int = 2, max_dim: int = 12, a=PAPER_RIDGE_STRENGTHS, max_T: int = 64):
     """Strategy: :class:`RidgeCase` of the GKA form, a drawn from ``a``, gamma in [0.8, 1]."""
+    # checked when the strategy is built, not at the first draw
+    min_dim, max_dim = _checks.sizes("min_dim", min_dim, "max_dim", max_dim)
+    max_T = _checks.count("max_T", max_T, minimum=1)
+    a = _checks.ridge_strengths("a", a)
 
     @st.composite
     def build(draw):

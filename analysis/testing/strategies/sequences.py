@@ -13,11 +13,16 @@ with a nonzero value and eps = 0 is an inconsistent constraint and an error).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 from hypothesis import strategies as st
+
+from solvers.kla import COEFFICIENTS, nonnegative
+
+from . import _checks
 
 _F64 = torch.float64
 _seeds = st.integers(min_value=0, max_value=2**31 - 1)
@@ -102,6 +107,20 @@ def kla_case(
     ``zero_keys`` further tokens k = 0 (with v = 0). Values: Gaussian times ``value_scale``;
     queries: norms log-uniform in ``query_norms``; alpha uniform in ``alpha`` (per head or per
     channel), eta uniform in ``eta``; the initial state Gaussian times ``state_scale``."""
+    # these gave a case silently outside its description (or one the solvers reject later):
+    # T = 0, a norm range through 0, an unknown coefficient, eps < 0
+    T = _checks.count("T", T, minimum=1)
+    for name, n in (("B", B), ("H", H), ("d_k", d_k), ("d_v", d_v), ("chunk_size", chunk_size)):
+        _checks.count(name, n, minimum=1)
+    # more special keys than tokens is clipped to T (tests/test_kernels_kla.py relies on it)
+    near_zero_keys = _checks.count("near_zero_keys", near_zero_keys)
+    zero_keys = _checks.count("zero_keys", zero_keys)
+    for name, (lo, hi) in (("key_norms", key_norms), ("query_norms", query_norms)):
+        _checks.real(f"{name}[0]", lo, minimum=0.0, open_min=True)
+        _checks.ordered(f"{name}[0]", lo, f"{name}[1]", _checks.real(f"{name}[1]", hi))
+    if coefficient not in COEFFICIENTS:
+        raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
+    nonnegative("eps", eps)
     g = torch.Generator().manual_seed(seed)
     k = _directions((B, T, H, d_k), g) * _log_uniform((B, T, H, 1), *key_norms, g)
     v = torch.randn(B, T, H, d_v, generator=g, dtype=_F64) * value_scale
@@ -151,6 +170,18 @@ def kla_cases(
     decades (lowest 10^-2..1, highest up to 10), optionally near-zero and zero keys, decay per
     head or per channel. GDN cases get unit-norm keys (its coefficient is not normalised, so
     ``beta ||k||^2 <= 1`` keeps the recurrence non-expansive as in practice)."""
+    # checked when the strategy is built; coefficients="gdn" was sampled letter by letter and
+    # unknown coefficients or eps < 0 were drawn silently
+    max_T, max_d = (
+        _checks.count("max_T", max_T, minimum=1),
+        _checks.count("max_d", max_d, minimum=1),
+    )
+    max_heads = _checks.count("max_heads", max_heads, minimum=1)
+    max_chunk = _checks.count("max_chunk", max_chunk, minimum=1)
+    coefficients = _checks.choices("coefficients", coefficients, COEFFICIENTS)
+    eps_choices = _checks.choices("eps_choices", eps_choices)
+    for e in eps_choices:
+        nonnegative("eps_choices entry", e)
 
     @st.composite
     def build(draw):
@@ -213,6 +244,13 @@ def consistent_system(
     scaled by a factor log-uniform in ``row_scales`` (unequal row norms make norm-weighted
     sampling matter; they change the condition number, which :attr:`KaczmarzSystem.kappa`
     re-measures). ``x_star`` Gaussian, ``b = A x_star``."""
+    # kappa < 1 or a row scale <= 0 (NaN rows) gave a system unlike its description, silently
+    m, n = _checks.count("m", m, minimum=1), _checks.count("n", n, minimum=1)
+    kappa = _checks.real("kappa", kappa, minimum=1.0)
+    lo = _checks.real("row_scales[0]", row_scales[0], minimum=0.0, open_min=True)
+    _checks.ordered(
+        "row_scales[0]", lo, "row_scales[1]", _checks.real("row_scales[1]", row_scales[1])
+    )
     g = torch.Generator().manual_seed(seed)
     r = min(m, n)
     U, _ = torch.linalg.qr(torch.randn(*batch, m, r, generator=g, dtype=_F64))
@@ -238,17 +276,28 @@ def consistent_systems(
 ):
     """Strategy: :class:`KaczmarzSystem`, tall (m >= n, unique solution) or wide (m < n),
     kappa up to ``max_kappa``, row-norm spread up to ``max_row_scale``."""
+    # checked when the strategy is built; max_m < max_n gave tall systems with m > max_m
+    max_m, max_n = (
+        _checks.count("max_m", max_m, minimum=1),
+        _checks.count("max_n", max_n, minimum=1),
+    )
+    max_kappa = _checks.real("max_kappa", max_kappa, minimum=1.0)
+    _checks.real("max_row_scale", max_row_scale, minimum=1.0)
+    if tall is False and max_n < 2:
+        raise ValueError(f"wide systems (m < n) need max_n >= 2, got max_n={max_n}")
+    if tall is None and max_n < 2:
+        raise ValueError(f"max_n must be >= 2 for wide systems; pass tall=True, got max_n={max_n}")
 
     @st.composite
     def build(draw):
         is_tall = draw(st.booleans()) if tall is None else tall
         if is_tall:
-            n = draw(st.integers(1, max_n))
+            n = draw(st.integers(1, min(max_n, max_m)))
             m = draw(st.integers(n, max(n, max_m)))
         else:
-            m = draw(st.integers(1, max_n - 1))
+            m = draw(st.integers(1, min(max_m, max_n - 1)))
             n = draw(st.integers(m + 1, max_n))
-        kappa = 10.0 ** draw(st.floats(0.0, float(torch.log10(torch.tensor(max_kappa)))))
+        kappa = _checks.clamp(10.0 ** draw(st.floats(0.0, math.log10(max_kappa))), 1.0, max_kappa)
         spread = draw(st.floats(1.0, max_row_scale))
         return consistent_system(
             m, n, kappa=kappa, row_scales=(1.0 / spread, 1.0), seed=draw(_seeds)

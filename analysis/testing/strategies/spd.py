@@ -15,11 +15,14 @@ and those of ``H`` rounded to a working dtype by up to ``u ||H||_F`` -- ground t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 from hypothesis import strategies as st
+
+from . import _checks
 
 SPECTRUM_KINDS = ("geometric", "clustered", "outliers")
 _F64 = torch.float64
@@ -37,10 +40,13 @@ def spectrum(
     """
     if kind not in SPECTRUM_KINDS:
         raise ValueError(f"kind must be one of {SPECTRUM_KINDS}, got {kind!r}")
-    if D < 1:
-        raise ValueError(f"D must be >= 1, got {D}")
-    if not kappa >= 1.0:
-        raise ValueError(f"kappa must be >= 1, got {kappa}")
+    D = _checks.count("D", D, minimum=1)
+    # kappa = inf gave NaN eigenvalues, lam_max <= 0 a spectrum that is not positive, and
+    # D = 1 with kappa > 1 silently kappa 1
+    kappa = _checks.real("kappa", kappa, minimum=1.0)
+    lam_max = _checks.real("lam_max", lam_max, minimum=0.0, open_min=True)
+    if D == 1 and kappa != 1.0:
+        raise ValueError(f"a 1x1 spectrum has kappa 1: D = 1 needs kappa = 1, got {kappa}")
     if D == 1:
         return torch.tensor([lam_max], dtype=_F64)
     lo = lam_max / kappa
@@ -70,6 +76,7 @@ def haar_orthogonal(
 ) -> torch.Tensor:
     """Haar-distributed orthogonal ``(*batch, D, D)`` in float64 (QR of a Gaussian, the signs of
     R's diagonal fixed), drawn from ``generator`` (on its device) or a fresh one seeded ``seed``."""
+    D = _checks.count("D", D, minimum=1)
     g = torch.Generator().manual_seed(seed) if generator is None else generator
     Z = torch.randn(*batch, D, D, generator=g, dtype=_F64, device=g.device)
     Q, R = torch.linalg.qr(Z)
@@ -83,6 +90,10 @@ def log_uniform_spd(
     in ``[scale/kappa, scale]`` with both ends attained and the rest log-uniform, Haar ``Q``.
     The kernel harness's SPD problems (``analysis.testing.harness.spd_case``) and the report's
     kernel rows are drawn here, so a failing case can be rebuilt from its seed."""
+    # kappa < 1 or scale <= 0 gave matrices that are not SPD in the promised range, silently
+    D, n = _checks.count("D", D, minimum=1), _checks.count("n", n, minimum=0)
+    _checks.real("kappa", kappa, minimum=1.0)
+    _checks.real("scale", scale, minimum=0.0, open_min=True)
     Q = haar_orthogonal(D, batch=(n,), generator=generator)
     t = torch.rand(n, D, dtype=_F64, generator=generator, device=generator.device)
     if D >= 2:
@@ -95,6 +106,11 @@ def log_uniform_spd(
 def spd_matrix(eigenvalues: torch.Tensor, *, seed: int = 0) -> torch.Tensor:
     """``Q diag(eigenvalues) Q^T`` (float64, exactly symmetric) for Haar ``Q``."""
     lam = eigenvalues.to(_F64)
+    # eigenvalues <= 0 (or NaN) gave a matrix that is not SPD, silently
+    if lam.ndim < 1 or lam.shape[-1] < 1:
+        raise ValueError(f"eigenvalues must have a last dimension >= 1, got {tuple(lam.shape)}")
+    if not bool((torch.isfinite(lam) & (lam > 0)).all()):
+        raise ValueError("eigenvalues must be finite and > 0 (an SPD matrix)")
     Q = haar_orthogonal(lam.shape[-1], seed=seed, batch=lam.shape[:-1])
     H = (Q * lam.unsqueeze(-2)) @ Q.transpose(-1, -2)
     return 0.5 * (H + H.transpose(-1, -2))
@@ -141,6 +157,8 @@ def spd_system(
 def spd_batch(systems: Sequence[SPDSystem], dtype: torch.dtype = _F64):
     """Systems as one batch: ``(H, q)`` stacked and rounded once to ``dtype``, and their
     ``L``, ``mu`` as float64 ``(len(systems),)`` tensors."""
+    if not len(systems):
+        raise ValueError("systems must not be empty")
     H = torch.stack([s.H for s in systems]).to(dtype)
     q = torch.stack([s.q for s in systems]).to(dtype)
     L = torch.tensor([s.L for s in systems], dtype=_F64)
@@ -151,19 +169,28 @@ def spd_batch(systems: Sequence[SPDSystem], dtype: torch.dtype = _F64):
 # --------------------------------------------------------------------- hypothesis
 
 
+def _arguments(min_dim, max_dim, min_kappa, max_kappa, kinds):
+    """The strategies' options, checked when the strategy is built (not at the first draw)."""
+    min_dim, max_dim = _checks.sizes("min_dim", min_dim, "max_dim", max_dim)
+    min_kappa, max_kappa = _checks.kappas("min_kappa", min_kappa, "max_kappa", max_kappa)
+    kinds = _checks.choices("kinds", kinds, SPECTRUM_KINDS)
+    return min_dim, max_dim, min_kappa, max_kappa, kinds
+
+
 _seeds = st.integers(min_value=0, max_value=2**31 - 1)
 
 
 def spectra(*, min_dim: int = 2, max_dim: int = 12, max_kappa: float = 1e4, kinds=SPECTRUM_KINDS):
     """Strategy: ``(eigenvalues, kind)`` with D in [min_dim, max_dim], kappa in [1, max_kappa]
-    (log-uniform-ish: hypothesis draws the exponent)."""
+    (log-uniform-ish: hypothesis draws the exponent). D = 1 has kappa 1."""
+    min_dim, max_dim, _, max_kappa, kinds = _arguments(min_dim, max_dim, 1.0, max_kappa, kinds)
 
     @st.composite
     def build(draw):
         D = draw(st.integers(min_dim, max_dim))
-        kappa = 10.0 ** draw(st.floats(0.0, float(torch.log10(torch.tensor(max_kappa)))))
+        kappa = _checks.clamp(10.0 ** draw(st.floats(0.0, math.log10(max_kappa))), 1.0, max_kappa)
         kind = draw(st.sampled_from(kinds))
-        return spectrum(D, kappa, kind, seed=draw(_seeds)), kind
+        return spectrum(D, kappa if D > 1 else 1.0, kind, seed=draw(_seeds)), kind
 
     return build()
 
@@ -172,6 +199,7 @@ def spd_matrices(
     *, min_dim: int = 2, max_dim: int = 12, max_kappa: float = 1e4, kinds=SPECTRUM_KINDS
 ):
     """Strategy: ``(H, eigenvalues)``, float64 ``H = Q diag(lambda) Q^T``."""
+    _arguments(min_dim, max_dim, 1.0, max_kappa, kinds)  # at call time, as spectra does
 
     @st.composite
     def build(draw):
@@ -190,15 +218,19 @@ def spd_systems(
     kinds=SPECTRUM_KINDS,
 ):
     """Strategy: :class:`SPDSystem` with kappa in [min_kappa, max_kappa]."""
+    min_dim, max_dim, min_kappa, max_kappa, kinds = _arguments(
+        min_dim, max_dim, min_kappa, max_kappa, kinds
+    )
+    if min_dim == 1 and min_kappa > 1.0:  # a 1x1 system has kappa 1, outside the range
+        raise ValueError(f"min_dim = 1 needs min_kappa = 1 (D = 1 has kappa 1), got {min_kappa}")
 
     @st.composite
     def build(draw):
         D = draw(st.integers(min_dim, max_dim))
-        lo, hi = (
-            float(torch.log10(torch.tensor(min_kappa))),
-            float(torch.log10(torch.tensor(max_kappa))),
-        )
-        kappa = 10.0 ** draw(st.floats(lo, hi))
+        # float64 logarithms (the float32 torch.log10 of a Python float put kappa up to 1e-7
+        # relative outside the range), and 10 ** log10 rounds: clamp into the range
+        lo, hi = math.log10(min_kappa), math.log10(max_kappa)
+        kappa = _checks.clamp(10.0 ** draw(st.floats(lo, hi)), min_kappa, max_kappa)
         return spd_system(D, kappa, draw(st.sampled_from(kinds)), seed=draw(_seeds))
 
     return build()
