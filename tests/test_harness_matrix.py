@@ -154,49 +154,47 @@ def test_claim_route_catches_omega0_in_bf16():
 
 
 def test_fair_pairing_prepare_hook():
-    """A KLA kernel whose API takes beta and q/||q|| in bf16 (fla's): a false FAIL against the
-    float32 reference unless both receive the same rounded values (kla_prepare)."""
+    """A KLA kernel whose API takes beta and q/||q|| in bf16 (fla's) and computes in float32: held
+    to the float32 contract it is a false FAIL against the float32 reference (the two roundings,
+    2^-8 relative, are far beyond a float32 bound) unless both receive the same rounded values
+    (kla_prepare). Under a bf16 contract no hook is needed: the tokenwise bf16 bound, which the
+    kernel's bound includes, covers a beta and q_hat stored in bf16."""
 
     def rounds_inputs(q, k, v, *, alpha, eta, eps, chunk_size, normalize_queries=True):
         if normalize_queries:
             q = (q.float() / q.float().norm(dim=-1, keepdim=True)).to(q.dtype)
         beta = (torch.as_tensor(eta) / (k.float().pow(2).sum(-1) + eps)).to(q.dtype).float()
         return emulate.kla(
-            q,
-            k,
-            v,
+            q.float(),
+            k.float(),
+            v.float(),
             alpha=alpha,
             eta=beta * (k.float().pow(2).sum(-1) + eps),
             eps=eps,
             chunk_size=chunk_size,
             normalize_queries=False,
-            contract="bfloat16/storage",
+            contract="float32",
         )
 
     strat = harness.kla(max_T=20, dims=(8, 16), chunk_size=8)
-    unfair = harness.check(
-        rounds_inputs,
-        solvers.kla_chunkwise,
-        strat,
-        model="bfloat16/storage",
-        device="cpu",
-        shrink=False,
-        seed=SEED,
-        examples=12,
-    )
-    fair = harness.check(
-        rounds_inputs,
-        solvers.kla_chunkwise,
-        strat,
-        model="bfloat16/storage",
-        device="cpu",
-        shrink=False,
-        seed=SEED,
-        examples=12,
-        prepare=harness.kla_prepare,
-    )
-    assert fair.verdict != FAIL, str(fair)
-    assert unfair.verdict == FAIL, str(unfair)  # the false FAIL that fair pairing removes
+    runs = {
+        (model, prepare): harness.check(
+            rounds_inputs,
+            solvers.kla_chunkwise,
+            strat,
+            model=model,
+            device="cpu",
+            shrink=False,
+            seed=SEED,
+            examples=12,
+            prepare=prepare,
+        )
+        for model in ("float32", "bfloat16/storage")
+        for prepare in (None, harness.kla_prepare)
+    }
+    assert runs["float32", None].verdict == FAIL, str(runs["float32", None])  # the false FAIL
+    for key in (("float32", harness.kla_prepare), ("bfloat16/storage", None)):
+        assert runs[key].verdict != FAIL, str(runs[key])
 
 
 def test_bounds_at_gka_setting_are_non_vacuous():
@@ -282,3 +280,103 @@ def test_fla_kla_gpu_step_on_plain_torch_stand_ins(tmp_path):
     assert "PASS" in (tmp_path / "fla_kla.txt").read_text()
     (rep,) = fla_adapter.kla_verdicts(bad, examples=3, runs=runs, device="cpu", shape=small)
     assert rep.verdict == FAIL and rep.shrunk, rep
+
+
+def _tokenwise_bf16(q, k, v, *, alpha, eta, eps, chunk_size, normalize_queries=True):
+    """A conforming bf16 KLA kernel of the tokenwise form: solvers.kla_recurrent in its bf16
+    storage mode (the state rounded every token), on the bf16 inputs."""
+    return solvers.kla_recurrent(
+        q, k, v, alpha=alpha, eta=eta, eps=eps, normalize_queries=normalize_queries
+    )
+
+
+KLA_SMALL = dict(max_T=100, dims=(16, 32))
+
+
+@pytest.mark.parametrize("model", ("bfloat16/storage", "bfloat16/operands"))
+def test_a_tokenwise_bf16_kla_kernel_is_no_false_fail(model, monkeypatch):
+    """The kernel's KLA bound covers both forms (harness._kla_scales): a kernel that rounds its
+    state every token passes; held to the chunkwise bound alone (the state rounded once a
+    chunk, as before) the same run FAILs."""
+    strat = harness.kla(**KLA_SMALL)
+    kw = dict(model=model, device="cpu", shrink=False, seed=SEED, examples=20)
+    rep = harness.check(_tokenwise_bf16, solvers.kla_chunkwise, strat, **kw)
+    assert rep.verdict != FAIL, str(rep)
+    import analysis.bounds.kaczmarz as kb
+
+    tokenwise = kb.kla_tokenwise_bound
+
+    def reference_only(*a, arith, **k):  # the tokenwise bound for the float32 reference only
+        o, S = tokenwise(*a, arith=arith, **k)
+        keep = arith == harness.REFERENCE_ARITH
+        return (o, S) if keep else (torch.zeros_like(o), torch.zeros_like(S))
+
+    monkeypatch.setattr(kb, "kla_tokenwise_bound", reference_only)
+    assert harness.check(_tokenwise_bf16, solvers.kla_chunkwise, strat, **kw).verdict == FAIL
+
+
+def _beta_variant(kind):
+    """KLA in float32 with beta = eta / (||k||^2 + eps) changed: eps outside the fraction, or
+    eta clipped to 1 (two slips a kernel author makes)."""
+
+    def kernel(q, k, v, *, alpha, eta, eps, chunk_size, normalize_queries=True):
+        nk = k.float().pow(2).sum(-1)
+        eta = torch.as_tensor(eta, dtype=torch.float32)
+        beta = eta / nk + eps if kind == "eps_outside" else eta.clamp(max=1.0) / (nk + eps)
+        return emulate.kla(
+            q.float(),
+            k.float(),
+            v.float(),
+            alpha=alpha,
+            eta=beta * (nk + eps),
+            eps=eps,
+            chunk_size=chunk_size,
+            normalize_queries=normalize_queries,
+            contract="float32",
+        )
+
+    return kernel
+
+
+@pytest.mark.parametrize("kind", ("eps_outside", "eta_clipped"))
+def test_kla_strategy_draws_small_keys_and_large_eta(kind):
+    """The kla strategy draws keys down to norm 1e-3 (where eps/||k||^2 matters) and eta up to 2
+    (KLA's range): a misplaced eps and an eta clipped to 1 FAIL under float32 with the fixed seed
+    (with keys of norm >= 0.1 and eta <= 1, as before, both passed)."""
+    rep = harness.check(
+        _beta_variant(kind),
+        solvers.kla_chunkwise,
+        harness.kla(**KLA_SMALL),
+        model="float32",
+        device="cpu",
+        shrink=False,
+        seed=SEED,
+        examples=20,
+    )
+    assert rep.verdict == FAIL, str(rep)
+
+
+def test_kla_vacuity_is_judged_per_sequence(monkeypatch):
+    """A token whose output cancels to a small vector makes its own bound larger than its output;
+    the harness judges vacuity on a head's whole sequence (Strategy.vacuity_dims). The bf16
+    emulation then PASSes on the fixed seed; judged token by token, the same run is
+    INCONCLUSIVE."""
+    strat = harness.kla(**KLA_SMALL)
+
+    def emulation(q, k, v, *, alpha, eta, eps, chunk_size, normalize_queries=True):
+        return emulate.kla(
+            q,
+            k,
+            v,
+            alpha=alpha,
+            eta=eta,
+            eps=eps,
+            chunk_size=chunk_size,
+            normalize_queries=normalize_queries,
+            contract="bfloat16/storage",
+        )
+
+    kw = dict(model="bfloat16/storage", device="cpu", shrink=False, seed=SEED, examples=20)
+    assert harness.check(emulation, solvers.kla_chunkwise, strat, **kw).verdict == "PASS"
+    monkeypatch.setattr(strat, "vacuity_dims", (None, None))
+    assert harness.check(emulation, solvers.kla_chunkwise, strat, **kw).verdict == "INCONCLUSIVE"
