@@ -154,11 +154,10 @@ def test_claim_route_catches_omega0_in_bf16():
 
 
 def test_fair_pairing_prepare_hook():
-    """A KLA kernel whose API takes beta and q/||q|| in bf16 (fla's) and computes in float32: held
-    to the float32 contract it is a false FAIL against the float32 reference (the two roundings,
-    2^-8 relative, are far beyond a float32 bound) unless both receive the same rounded values
-    (kla_prepare). Under a bf16 contract no hook is needed: the tokenwise bf16 bound, which the
-    kernel's bound includes, covers a beta and q_hat stored in bf16."""
+    """A KLA kernel whose API takes beta and q/||q|| in bf16 (fla's) and otherwise computes in
+    float32: a false FAIL against the float32 reference, under the float32 contract and under
+    the (chunkwise) bf16-storage one, unless both receive the same rounded values
+    (kla_prepare)."""
 
     def rounds_inputs(q, k, v, *, alpha, eta, eps, chunk_size, normalize_queries=True):
         if normalize_queries:
@@ -192,9 +191,11 @@ def test_fair_pairing_prepare_hook():
         for model in ("float32", "bfloat16/storage")
         for prepare in (None, harness.kla_prepare)
     }
-    assert runs["float32", None].verdict == FAIL, str(runs["float32", None])  # the false FAIL
-    for key in (("float32", harness.kla_prepare), ("bfloat16/storage", None)):
-        assert runs[key].verdict != FAIL, str(runs[key])
+    for model in ("float32", "bfloat16/storage"):
+        assert runs[model, None].verdict == FAIL, str(runs[model, None])  # the false FAIL
+        assert runs[model, harness.kla_prepare].verdict != FAIL, str(
+            runs[model, harness.kla_prepare]
+        )
 
 
 def test_bounds_at_gka_setting_are_non_vacuous():
@@ -294,25 +295,26 @@ KLA_SMALL = dict(max_T=100, dims=(16, 32))
 
 
 @pytest.mark.parametrize("model", ("bfloat16/storage", "bfloat16/operands"))
-def test_a_tokenwise_bf16_kla_kernel_is_no_false_fail(model, monkeypatch):
-    """The kernel's KLA bound covers both forms (harness._kla_scales): a kernel that rounds its
-    state every token passes; held to the chunkwise bound alone (the state rounded once a
-    chunk, as before) the same run FAILs."""
-    strat = harness.kla(**KLA_SMALL)
+def test_a_tokenwise_bf16_kla_kernel_declares_its_form(model):
+    """A kernel that rounds its state every token (KLA Algorithm 1 token by token, here the
+    toolkit's own solvers.kla_recurrent in bf16) errs more than the chunkwise bound allows (state
+    rounded once a chunk): held to it, a false FAIL; declared ``form="tokenwise"`` (or
+    ``"either"``) it passes."""
     kw = dict(model=model, device="cpu", shrink=False, seed=SEED, examples=20)
-    rep = harness.check(_tokenwise_bf16, solvers.kla_chunkwise, strat, **kw)
-    assert rep.verdict != FAIL, str(rep)
-    import analysis.bounds.kaczmarz as kb
+    verdicts = {
+        form: harness.check(
+            _tokenwise_bf16, solvers.kla_chunkwise, harness.kla(**KLA_SMALL, form=form), **kw
+        )
+        for form in harness.KLA_FORMS
+    }
+    assert verdicts["chunkwise"].verdict == FAIL, str(verdicts["chunkwise"])
+    for form in ("tokenwise", "either"):
+        assert verdicts[form].verdict != FAIL, str(verdicts[form])
 
-    tokenwise = kb.kla_tokenwise_bound
 
-    def reference_only(*a, arith, **k):  # the tokenwise bound for the float32 reference only
-        o, S = tokenwise(*a, arith=arith, **k)
-        keep = arith == harness.REFERENCE_ARITH
-        return (o, S) if keep else (torch.zeros_like(o), torch.zeros_like(S))
-
-    monkeypatch.setattr(kb, "kla_tokenwise_bound", reference_only)
-    assert harness.check(_tokenwise_bf16, solvers.kla_chunkwise, strat, **kw).verdict == FAIL
+def test_kla_form_is_checked():
+    with pytest.raises(ValueError, match="form"):
+        harness.kla(form="recurrent")
 
 
 def _beta_variant(kind):

@@ -153,11 +153,13 @@ def test_property_check_catches(broken):
 
 @pytest.mark.gpu
 def test_gpu_backward_large():
-    harness.assert_matches(
-        kernels.chebyshev_backward,
-        solvers.chebyshev_backward,
-        large(harness.spd_backward, "bfloat16", max_iters=30),
-        precision="bfloat16",
-        device="cuda",
-        examples=4,
-    )
+    for methods, conclusive in ((("implicit",), True), (REVERSE, False)):  # as on the CPU
+        harness.assert_matches(
+            kernels.chebyshev_backward,
+            solvers.chebyshev_backward,
+            large(harness.spd_backward, "bfloat16", max_iters=30, methods=methods),
+            precision="bfloat16",
+            device="cuda",
+            examples=4,
+            conclusive=conclusive,
+        )

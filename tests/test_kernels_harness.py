@@ -313,6 +313,8 @@ def test_bad_strategy_options_are_the_callers_error():
         (["--max-kappa", "nan"], "argument --max-kappa"),
         (["--device", "cudaa"], "argument --device"),
         (["--model", "bogus"], "argument --model: unknown contract"),
+        (["--kla-form", "tokenwise"], "argument --kla-form: only with --strategy kla"),
+        (["--kla-form", "recurrent"], "argument --kla-form"),
     ],
 )
 def test_cli_bad_values_name_the_option(extra, needle, capsys):

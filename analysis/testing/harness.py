@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import math
 import numbers
@@ -888,17 +889,20 @@ def _kla_case(
     )
 
 
-def _kla_scales(case, rounded, contract):
+KLA_FORMS = ("chunkwise", "tokenwise", "either")
+
+
+def _kla_scales(case, rounded, contract, form="chunkwise"):
     """o_t and S_T: the kernel's running error bound in its contract (mapped onto the
     references' arithmetic by ``arith_of``: a bf16-operand kernel is held to the bf16-storage
     bound, whose stored roundings are where its operand roundings enter) plus the float32
     reference's (tokenwise and chunkwise bounds added, so either reference form is covered):
     ``analysis.bounds.kaczmarz.kla_chunkwise_bound`` / ``kla_tokenwise_bound`` (docs/kla.md).
-    The kernel's is the larger of its tokenwise and chunkwise bounds, entry by entry: a kernel
-    computes one of the two forms (KLA Algorithm 1 token by token, or its chunkwise WY form), and
-    in bf16 one that rounds the state every token errs up to about 4 times more than the
-    chunkwise bound allows (which rounds it once a chunk): the chunkwise bound alone failed the
-    toolkit's own ``solvers.kla_recurrent`` in bf16."""
+    The kernel's bound is that of the form it declares (``form``): KLA Algorithm 1 token by token
+    (``"tokenwise"``), its chunkwise WY form (``"chunkwise"``, fla's and ours), or ``"either"``
+    (the larger of the two, entry by entry). In bf16 a tokenwise kernel rounds its state every
+    token and errs up to about 4 times more than the chunkwise bound allows (state rounded once
+    a chunk): held to it, the toolkit's own ``solvers.kla_recurrent`` FAILs."""
     from analysis.bounds.kaczmarz import kla_chunkwise_bound, kla_tokenwise_bound
 
     x = {k: v.cpu() for k, v in rounded.items()}
@@ -911,9 +915,11 @@ def _kla_scales(case, rounded, contract):
     )
     C = o["chunk_size"]
     arith = arith_of(as_contract(contract))
-    Bo, BS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=arith, **kw)
-    Ko, KS = kla_tokenwise_bound(x["q"], x["k"], x["v"], arith=arith, **kw)
-    Bo, BS = torch.maximum(Bo, Ko), torch.maximum(BS, KS)
+    if form != "tokenwise":
+        Bo, BS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=arith, **kw)
+    if form != "chunkwise":
+        Ko, KS = kla_tokenwise_bound(x["q"], x["k"], x["v"], arith=arith, **kw)
+        Bo, BS = (Ko, KS) if form == "tokenwise" else (torch.maximum(Bo, Ko), torch.maximum(BS, KS))
     To, TS = kla_tokenwise_bound(x["q"], x["k"], x["v"], arith=REFERENCE_ARITH, **kw)
     Co, CS = kla_chunkwise_bound(x["q"], x["k"], x["v"], chunk_size=C, arith=REFERENCE_ARITH, **kw)
     dev = rounded["q"].device
@@ -949,10 +955,16 @@ def kla(
     per_channel: bool = False,
     precision: torch.dtype = torch.bfloat16,
     device="cpu",
+    *,
+    form: str = "chunkwise",
 ) -> Strategy:
     """KLA sequences (analysis.testing.strategies.kla_case) in fla's layout ``(B, T, H, d)``, for
     ``f(q, k, v, *, alpha, eta, eps, chunk_size[, normalize_queries]) -> (o, S_T)``
-    (solvers.kla_chunkwise, solvers.kla_recurrent, a KLA kernel); zero initial state."""
+    (solvers.kla_chunkwise, solvers.kla_recurrent, a KLA kernel); zero initial state. ``form``:
+    the form the kernel computes, whose bound it is held to (:func:`_kla_scales`):
+    ``"chunkwise"`` (fla's and ours), ``"tokenwise"`` (a recurrent kernel) or ``"either"``."""
+    if form not in KLA_FORMS:
+        raise ValueError(f"form must be one of {KLA_FORMS}, got {form!r}")
     _strategy_options(
         positive=(("max_T", max_T), ("max_heads", max_heads), ("max_batch", max_batch))
         + tuple((f"dims[{i}]", d) for i, d in enumerate(dims)),
@@ -973,8 +985,8 @@ def kla(
         cases,
         ("o", "S_T"),
         (1, 2),
-        _kla_scales,
-        doc="KLA sequences; bound: analysis.bounds.kaczmarz running error bounds",
+        functools.partial(_kla_scales, form=form),
+        doc=f"KLA sequences ({form} form); bound: analysis.bounds.kaczmarz running error bounds",
         vacuity_dims=((-2,), None),  # o (B, T, H): a head's whole sequence is one unit
     )
 
@@ -1529,6 +1541,13 @@ def _parser() -> argparse.ArgumentParser:
         "--pow2", action="store_true", help="draw only power-of-two D (kernels that do not pad)"
     )
     ap.add_argument(
+        "--kla-form",
+        choices=KLA_FORMS,
+        default=None,
+        help="with --strategy kla: the form the kernel computes, whose bound it is held to "
+        "(default: chunkwise; tokenwise for a recurrent kernel; either when unknown)",
+    )
+    ap.add_argument(
         "--prepare",
         default=None,
         help="module:function fair-pairing hook run on both callables' inputs (e.g. "
@@ -1576,6 +1595,13 @@ def main(argv=None) -> int:
         sizes["pow2"] = True
     if args.max_kappa is not None and args.strategy in ("spd", "spd_nobounds", "spd_backward"):
         sizes["max_kappa"] = args.max_kappa
+    if args.kla_form is not None:
+        if args.strategy != "kla":
+            print(
+                f"{ap.prog}: error: argument --kla-form: only with --strategy kla", file=sys.stderr
+            )
+            return USAGE_ERROR
+        sizes["form"] = args.kla_form
     strat = STRATEGIES[args.strategy](precision=PRECISIONS[args.precision], device=device, **sizes)
     # without --seed the search is derandomised: two runs of one command draw the same cases
     rep = check(
