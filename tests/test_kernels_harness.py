@@ -398,3 +398,26 @@ def test_gradient_strategies_refuse_misspelt_options():
     for build in (kla_backward, gka_layer_backward):
         with pytest.raises(TypeError, match="max_t"):  # was swallowed: T drawn up to the default
             build(max_t=3)
+
+
+def test_spd_min_lambda_is_drawn_not_filtered():
+    """``spd(min_lambda=...)`` builds spectra with lambda_min >= min_lambda (it filtered them, and
+    a min_lambda near the largest scale starved hypothesis into a health-check failure at the
+    first draw); one above every scale is refused when the strategy is built."""
+    from hypothesis import given, settings
+
+    u = 2.0**-24  # H is stored in float32: Weyl moves each eigenvalue by at most ||dH||_2
+    for min_lambda in (10.0, 37.5):
+        seen = []
+
+        @settings(max_examples=15, derandomize=True, deadline=None)
+        @given(harness.spd(min_lambda=min_lambda, max_d=4, precision=torch.float32))
+        def draw(case):
+            H = case.inputs["H"].double()
+            slack = u * torch.linalg.matrix_norm(H, dim=(-2, -1)).max()  # ||dH||_2 <= u ||H||_F
+            seen.append(float(torch.linalg.eigvalsh(H).min() + slack))
+
+        draw()
+        assert len(seen) == 15 and min(seen) >= min_lambda, (min_lambda, min(seen))
+    with pytest.raises(ValueError, match="min_lambda must be at most"):
+        harness.spd(min_lambda=40.0)

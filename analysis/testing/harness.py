@@ -206,6 +206,9 @@ class Strategy(SearchStrategy):
         return f"Strategy({self.name})"
 
 
+SPD_SCALES = (1.0, 1e-3, 37.5)  # the spectra's largest eigenvalues the spd strategies draw
+
+
 def _dims(max_d: int, pow2: bool) -> list:
     if pow2:
         return [d for d in (1, 2, 4, 8, 16, 32, 64, 128) if d <= max_d] or [1]
@@ -236,11 +239,16 @@ def _spd_case(
     reverse = method in ("reverse", "reverse_stored_omega")
     # the reverse methods in GKA's regime, kappa >= 10 (Remark 2): below it omega_i - 1 is
     # small and eq. (49) amplifies errors by (omega_i - 1)^(-1/2) per step (reverse_growth)
-    kappa = draw(st.floats(10.0, max(10.0, max_kappa)) if reverse else st.floats(1.0, max_kappa))
-    iters = draw(st.integers(0, min(max_iters, 3) if method == "reverse" else max_iters))
-    scale = draw(st.sampled_from([1.0, 1e-3, 37.5]))
-    if min_lambda is not None:
-        assume(scale / kappa >= min_lambda)
+    if min_lambda is None:
+        kappa = draw(
+            st.floats(10.0, max(10.0, max_kappa)) if reverse else st.floats(1.0, max_kappa)
+        )
+        iters = draw(st.integers(0, min(max_iters, 3) if method == "reverse" else max_iters))
+        scale = draw(st.sampled_from(SPD_SCALES))
+    else:  # lambda_min = scale / kappa >= min_lambda by construction (a filter starved hypothesis)
+        scale = draw(st.sampled_from([s for s in SPD_SCALES if s >= min_lambda]))
+        kappa = draw(st.floats(1.0, min(max_kappa, scale / min_lambda)))
+        iters = draw(st.integers(0, max_iters))
     seed = draw(st.integers(0, 2**31 - 1))
     loose = draw(st.sampled_from([1.0, 1.25]))
     per_system = draw(st.booleans())
@@ -459,6 +467,11 @@ def spd(
         positive_floats=() if min_lambda is None else (("min_lambda", min_lambda),),
         precision=precision,
     )
+    if min_lambda is not None and min_lambda > max(SPD_SCALES):
+        raise ValueError(
+            f"min_lambda must be at most {max(SPD_SCALES)} (the largest spectrum scale drawn), "
+            f"got {min_lambda}"
+        )
     cases = _spd_case(
         max_d=max_d,
         max_batch=max_batch,
