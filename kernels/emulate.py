@@ -11,6 +11,9 @@ catch deliberately broken variants (``broken=``) under every contract.
 Signatures follow the references: ``chebyshev(H, q, *, L, mu, iters, contract)``, ``gd``,
 ``agd``, ``cg(H, q, *, iters, contract)``, ``gka_ridge(H, q, *, a, iters, contract)``,
 ``kla(q, k, v, *, alpha, eta, eps, chunk_size, contract)``; :func:`bind` fixes the contract.
+Inputs are checked as the references check theirs (``solvers.validation``: a ValueError or
+TypeError naming the argument); the result has the contract's ``output`` dtype when it
+declares one, else the inputs' dtype.
 
 Broken variants (``broken=``): ``"half"`` (half the iterations), ``"scaled"`` (output x 0.9),
 ``"omega0"`` (Chebyshev with omega_0 = 1 instead of 2), ``"fro_squared"`` (ridge lambda =
@@ -23,17 +26,67 @@ import functools
 
 import torch
 
+from solvers import validation as check
 from solvers.contracts import Contract, parse
 
 _F32 = torch.float32
 BROKEN = ("half", "scaled", "omega0", "fro_squared", "no_key_norm")
+# the broken variants each emulation implements: any other would silently run the correct
+# algorithm, and a "broken" variant that PASSes (or one that crashes, which FAILs) tells nothing
+_BROKEN_OF = {
+    "chebyshev": ("half", "scaled", "omega0"),
+    "gd": ("half", "scaled"),
+    "agd": ("half", "scaled"),
+    "cg": ("half", "scaled"),
+    "gka_ridge": ("half", "scaled", "omega0", "fro_squared"),
+    "kla": ("scaled", "no_key_norm"),
+}
+
+
+def _broken(fn: str, broken):
+    allowed = _BROKEN_OF[fn]
+    if broken is not None and (not isinstance(broken, str) or broken not in allowed):
+        raise ValueError(f"broken must be None or one of {allowed} for {fn}, got {broken!r}")
+    return broken
+
+
+def _contract(contract) -> Contract:
+    """``parse``, its error naming the ``contract`` argument (a bad ``;key=value`` change
+    otherwise reads "operands must be ...", naming no argument)."""
+    try:
+        return parse(contract)
+    except (TypeError, ValueError) as e:
+        if "contract" in str(e):
+            raise
+        raise type(e)(f"contract {contract!r}: {e}") from None
+
+
+def _system(H, q, L=None, mu=None, *, bounds=True):
+    """The references' checks (``solvers.system.prepare``): H square, q matching, both finite
+    floating tensors of one dtype; ``L >= mu > 0`` finite, as float64 tensors over the batch.
+    Without them a NaN, a mismatched shape or L < mu gave a silent NaN, garbage or a deep
+    torch error, and an integer q an integer result of zeros."""
+    H = check.square_matrix("H", H)
+    q = check.rhs("q", q, "H", H)
+    if not bounds:
+        return None, None
+    batch = check.batch_shape("H and q", H.shape[:-2], q.shape[:-1])
+    L64 = check.parameter("L", L, batch, H.device)
+    mu64 = check.parameter("mu", mu, batch, H.device)
+    check.spectrum_bounds(L64, mu64)
+    return L64, mu64
 
 
 def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Round float32 values to ``bits`` explicit significand bits (round to nearest even): tf32
-    keeps 10, bf16 7."""
-    x = x.to(_F32).contiguous()
+    keeps 10, bf16 7; ``0 <= bits <= 23`` (23: float32 itself)."""
+    x = check.floating("x", x, min_ndim=0, finite_values=False).to(_F32).contiguous()
+    bits = check.count("bits", bits)
+    if bits > 23:  # a float32 has 23; beyond, the shift below is negative (a bare torch error)
+        raise ValueError(f"bits must be <= 23 (float32's significand), got {bits}")
     drop = 23 - bits
+    if drop == 0:
+        return x.clone()
     i = x.view(torch.int32)
     half = (1 << (drop - 1)) - 1
     lsb = (i >> drop) & 1
@@ -45,7 +98,7 @@ class _Arith:
     """The roundings of one contract on float32 tensors."""
 
     def __init__(self, contract: Contract):
-        self.c = parse(contract)
+        self.c = _contract(contract)
         self.acc = self.c.accumulate if self.c.accumulate != torch.bfloat16 else _F32
 
     def operand(self, x):
@@ -77,9 +130,10 @@ class _Arith:
         return torch.as_tensor(v, dtype=torch.float64, device=like.device).to(self.acc)
 
 
-def _out(x, like, broken):
+def _out(x, like, broken, ar):
     x = x * 0.9 if broken == "scaled" else x
-    return x.to(like.dtype)
+    # the contract's output dtype when it declares one (``;output=float32``), else the inputs'
+    return x.to(ar.c.output or like.dtype)
 
 
 def _steps(iters: int, broken) -> int:
@@ -89,10 +143,13 @@ def _steps(iters: int, broken) -> int:
 def chebyshev(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None, shift=None):
     """GKA Algorithm 1 under ``contract`` (``shift``: solve ``(H + shift I) x = q``, the shift
     applied as ``H x + shift x`` with x in the accumulation dtype)."""
+    iters = check.count("iters", iters)
+    broken = _broken("chebyshev", broken)
     ar = _Arith(contract)
+    L64, mu64 = _system(H, q, L, mu)
+    if shift is not None:
+        shift = check.parameter("shift", shift, L64.shape, H.device)
     Hc, qc = H.to(ar.acc), q.to(ar.acc)
-    L64 = torch.as_tensor(L, dtype=torch.float64, device=H.device)
-    mu64 = torch.as_tensor(mu, dtype=torch.float64, device=H.device)
     step = ar.scalar(2.0 / (L64 + mu64), Hc).unsqueeze(-1)
     rho2 = ar.scalar(((L64 - mu64) / (L64 + mu64)) ** 2, Hc)
     lam = None if shift is None else ar.scalar(shift, Hc).unsqueeze(-1)
@@ -107,28 +164,30 @@ def chebyshev(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=N
         g = ar.acc_round(Hx - qc)
         new = ar.acc_round(xi - ar.acc_round(w * step) * g) + ar.acc_round((w - 1.0) * (xi - prev))
         prev, xi = xi, ar.store("iterate", ar.acc_round(new))
-    return _out(xi, q, broken)
+    return _out(xi, q, broken, ar)
 
 
 def gd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
     """Gradient descent, step 2/(L + mu), from 0."""
+    iters = check.count("iters", iters)
+    broken = _broken("gd", broken)
     ar = _Arith(contract)
+    L64, mu64 = _system(H, q, L, mu)
     Hc, qc = H.to(ar.acc), q.to(ar.acc)
-    step = ar.scalar(
-        2.0 / (torch.as_tensor(L, dtype=torch.float64) + torch.as_tensor(mu, dtype=torch.float64)),
-        Hc,
-    ).unsqueeze(-1)
+    step = ar.scalar(2.0 / (L64 + mu64), Hc).unsqueeze(-1)
     x = torch.zeros_like(qc)
     for _ in range(_steps(iters, broken)):
         x = ar.store("iterate", ar.acc_round(x - step * ar.acc_round(ar.matvec(Hc, x) - qc)))
-    return _out(x, q, broken)
+    return _out(x, q, broken, ar)
 
 
 def agd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
     """Nesterov's method, step 1/L, momentum (sqrt(kappa) - 1)/(sqrt(kappa) + 1), from 0."""
+    iters = check.count("iters", iters)
+    broken = _broken("agd", broken)
     ar = _Arith(contract)
+    L64, mu64 = _system(H, q, L, mu)
     Hc, qc = H.to(ar.acc), q.to(ar.acc)
-    L64, mu64 = torch.as_tensor(L, dtype=torch.float64), torch.as_tensor(mu, dtype=torch.float64)
     sk = torch.sqrt(L64 / mu64)
     step = ar.scalar(1.0 / L64, Hc).unsqueeze(-1)
     beta = ar.scalar((sk - 1.0) / (sk + 1.0), Hc).unsqueeze(-1)
@@ -139,14 +198,17 @@ def agd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
             x,
             ar.store("iterate", ar.acc_round(y - step * ar.acc_round(ar.matvec(Hc, y) - qc))),
         )
-    return _out(x, q, broken)
+    return _out(x, q, broken, ar)
 
 
 def cg(H, q, *, iters: int, contract="bfloat16/operands", broken=None):
     """Conjugate gradients from 0 (Hestenes-Stiefel), operands of ``H p`` and of the inner
     products rounded by the contract (fla's MesaNet CG: bf16); a system whose ``p^T H p`` or
     residual vanishes is frozen, as ``solvers.cg`` does."""
+    iters = check.count("iters", iters)
+    broken = _broken("cg", broken)
     ar = _Arith(contract)
+    _system(H, q, bounds=False)
     Hc, qc = H.to(ar.acc), q.to(ar.acc)
     x = torch.zeros_like(qc)
     r = ar.store("residual", qc)
@@ -167,15 +229,24 @@ def cg(H, q, *, iters: int, contract="bfloat16/operands", broken=None):
         )
         p = ar.store("direction", ar.acc_round(r + beta.unsqueeze(-1) * p))
         rr = rr_new
-    return _out(x, q, broken)
+    return _out(x, q, broken, ar)
 
 
 def gka_ridge(H, q, *, a: float, iters: int, contract="bfloat16/operands", broken=None):
     """GKA eq. (4) in the kernel: ``||H||_F`` in the accumulation dtype, lambda = a ||H||_F
     (``broken="fro_squared"``: a ||H||_F^2), L = ||H||_F + lambda, mu = lambda, then Algorithm 1
     on ``H + lambda I``."""
+    # solvers.gka_ridge's checks: without them a <= 0, a NaN or a zero H gave NaN or garbage
+    iters = check.count("iters", iters)
+    a = check.ridge_strength(a)
+    broken = _broken("gka_ridge", broken)
     ar = _Arith(contract)
+    _system(H, q, bounds=False)
     fro = torch.linalg.matrix_norm(H.to(ar.acc)).to(torch.float64)
+    if fro.numel() and not bool((fro > 0).all()):
+        raise ValueError("H has zero Frobenius norm in some system: lambda = a ||H||_F would be 0")
+    if not bool(torch.isfinite(fro).all()):
+        raise ValueError(f"H's Frobenius norm overflows {ar.acc} in some system")
     lam = a * fro**2 if broken == "fro_squared" else a * fro
     return chebyshev(
         H,
@@ -208,7 +279,11 @@ def kla(
     import solvers
     from analysis.bounds.contract import arith_of
 
-    arith = arith_of(parse(contract))
+    broken = _broken("kla", broken)
+    c = _contract(contract)
+    for name, x in (("q", q), ("k", k), ("v", v)):  # an integer input gave an integer result
+        check.tensor(name, x)
+    arith = arith_of(c)
     dt = arith.dtype
     coefficient = "gdn" if broken == "no_key_norm" else "kaczmarz"
     o, S = solvers.kla_chunkwise(
@@ -225,14 +300,20 @@ def kla(
     )
     if broken == "scaled":
         o = o * 0.9
-    return o.to(q.dtype), S.to(q.dtype)
+    out = c.output or q.dtype  # the contract's output dtype when it declares one
+    return o.to(out), S.to(out)
 
 
 def bind(fn, contract, broken=None):
     """``fn`` with its contract (and broken variant) fixed, named for reports."""
+    c = _contract(contract)
+    if getattr(fn, "__module__", None) == __name__ and fn.__name__ in _BROKEN_OF:
+        # now, not at the first call: inside the harness that call's error would be a FAIL,
+        # which is what a broken variant is expected to give
+        _broken(fn.__name__, broken)
     g = functools.partial(fn, contract=contract, broken=broken)
     g.__module__ = __name__
-    g.__qualname__ = f"{fn.__name__}[{parse(contract).name}{', ' + broken if broken else ''}]"
+    g.__qualname__ = f"{fn.__name__}[{c.name}{', ' + broken if broken else ''}]"
     return g
 
 

@@ -42,7 +42,14 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ..argtypes import HelpFormatter, condition_number, interpret_without_gpu, plain, positive_int
+from ..argtypes import (
+    HelpFormatter,
+    OneLineParser,
+    condition_number,
+    interpret_without_gpu,
+    plain,
+    positive_int,
+)
 from ..argtypes import device as device_arg
 
 FORMAT = "svt-check-kernel/1"
@@ -63,6 +70,7 @@ CONTRACTS = (
 DEFAULT_EXAMPLES = 20
 DEFAULT_OUT = "check-kernel.json"
 DEFAULT_SEED = 0
+DEFAULT_MAX_D, DEFAULT_MAX_BATCH = 16, 4
 
 
 @dataclass(frozen=True)
@@ -244,13 +252,30 @@ def contracts_for(models: Optional[list], like: Optional[Like] = None) -> tuple:
 def strategy_sizes(name: str, args) -> dict:
     """The size options that apply to strategy ``name``."""
     if name in SPD_STRATEGIES or name == "gka_ridge":
-        sizes = {"max_d": args.max_d, "max_batch": args.max_batch}
+        sizes = {
+            "max_d": args.max_d or DEFAULT_MAX_D,
+            "max_batch": args.max_batch or DEFAULT_MAX_BATCH,
+        }
         if args.pow2:
             sizes["pow2"] = True
         if args.max_kappa is not None and name in SPD_STRATEGIES:
             sizes["max_kappa"] = args.max_kappa
         return sizes
     return {}
+
+
+def ignored_sizes(name: str, args) -> None:
+    """UsageError naming a size option given for a strategy that draws its own shapes (it was
+    silently ignored: ``--max-kappa 5 --like gka_ridge`` still drew kappa up to 51)."""
+    sized = name in SPD_STRATEGIES or name == "gka_ridge"
+    for option, given, applies in (
+        ("--max-d", args.max_d is not None, sized),
+        ("--max-batch", args.max_batch is not None, sized),
+        ("--pow2", args.pow2, sized),
+        ("--max-kappa", args.max_kappa is not None, name in SPD_STRATEGIES),
+    ):
+        if given and not applies:
+            raise UsageError(option, f"the {name} strategy does not take it")
 
 
 # ---------------------------------------------------------------------------------------
@@ -547,16 +572,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-d",
         type=positive_int,
-        default=16,
+        default=None,  # None: not given (refused for the strategies that do not take it)
         metavar="D",
-        help="largest system size D (SPD and ridge strategies)",
+        help=f"largest system size D (SPD and ridge strategies; default: {DEFAULT_MAX_D})",
     )
     p.add_argument(
         "--max-batch",
         type=positive_int,
-        default=4,
+        default=None,
         metavar="N",
-        help="largest batch of systems (SPD and ridge strategies)",
+        help=f"largest batch of systems (SPD and ridge strategies; default: {DEFAULT_MAX_BATCH})",
     )
     p.add_argument(
         "--max-kappa",
@@ -590,6 +615,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def _writable(path: str) -> None:
     if path == "-":
         return
+    if not path.strip():  # pathlib reads '' as '.', reported as "a directory"
+        raise UsageError("--out", f"expected a file name, got {path!r}")
     p = pathlib.Path(path)
     if p.is_dir():
         raise UsageError("--out", f"{path!r} is a directory; give a file name")
@@ -603,6 +630,7 @@ def run(args, prog: str = "svt check-kernel") -> int:
     """``svt check-kernel`` with parsed ``args``; prints the summary, writes the report."""
     try:
         like = like_name(args.like)
+        ignored_sizes(LIKE[like].strategy, args)
         contracts_for(args.model, LIKE[like])
         _writable(args.out)
         warning = interpret_without_gpu(args.device)
@@ -658,6 +686,25 @@ def run(args, prog: str = "svt check-kernel") -> int:
     return report["exit_code"]
 
 
+PROG = "python -m analysis.testing.check_kernel"
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m analysis.testing.check_kernel``: the same command as ``svt check-kernel``
+    (without it the module ran nothing and exited 0, whatever its arguments)."""
+
+    class _One:  # add_parser's subparsers object, giving a stand-alone one-line-error parser
+        def add_parser(self, name, help=None, **kw):
+            return OneLineParser(prog=PROG, **kw)
+
+    args = add_parser(_One()).parse_args(argv)
+    return run(args, prog=PROG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
 __all__ = [
     "CONTRACTS",
     "LIKE",
@@ -666,6 +713,7 @@ __all__ = [
     "check_kernel",
     "like_name",
     "load_kernel",
+    "main",
     "precision_verdict",
     "run",
     "summary",
