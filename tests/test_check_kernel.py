@@ -195,6 +195,10 @@ def test_file_path_spec(user_dir, tmp_path, capsys, monkeypatch):
         ),
         (["user_kernels_ck:cheb", "--like", "cg", "--max-kappa", "0.5"], "argument --max-kappa"),
         (["user_kernels_ck:cheb", "--like", "cg", "--device", "gpu0"], "argument --device"),
+        (
+            ["user_kernels_ck:cheb", "--like", "cg", "--kla-form", "tokenwise"],
+            "argument --kla-form",
+        ),
     ],
 )
 def test_usage_errors_exit_2_naming_the_argument(user_dir, capsys, argv, argument):
@@ -351,3 +355,15 @@ def test_triton_kernel_runs_on_cpu_without_setting_the_interpreter(tmp_path):
     proc = _svt_process(argv, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "k.json").read_text())["settings"]["triton_interpret"] == "1"
+
+
+def test_kla_form_reaches_the_strategy():
+    """``--kla-form`` is passed to the kla strategy (the bound the kernel is held to)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(
+        max_d=None, max_batch=None, pow2=False, max_kappa=None, kla_form="either"
+    )
+    assert check_kernel.strategy_sizes("kla", args) == {"form": "either"}
+    args.kla_form = None
+    assert check_kernel.strategy_sizes("kla", args) == {}

@@ -261,6 +261,8 @@ def strategy_sizes(name: str, args) -> dict:
         if args.max_kappa is not None and name in SPD_STRATEGIES:
             sizes["max_kappa"] = args.max_kappa
         return sizes
+    if name == "kla" and getattr(args, "kla_form", None) is not None:
+        return {"form": args.kla_form}
     return {}
 
 
@@ -273,6 +275,7 @@ def ignored_sizes(name: str, args) -> None:
         ("--max-batch", args.max_batch is not None, sized),
         ("--pow2", args.pow2, sized),
         ("--max-kappa", args.max_kappa is not None, name in SPD_STRATEGIES),
+        ("--kla-form", getattr(args, "kla_form", None) is not None, name == "kla"),
     ):
         if given and not applies:
             raise UsageError(option, f"the {name} strategy does not take it")
@@ -592,6 +595,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pow2", action="store_true", help="draw power-of-two D only (kernels that do not pad)"
+    )
+    p.add_argument(
+        "--kla-form",
+        choices=("chunkwise", "tokenwise", "either"),
+        default=None,
+        help="with --like kla: the form your kernel computes, whose bound it is held to "
+        "(default: chunkwise; tokenwise for a recurrent kernel; either when unknown)",
     )
     p.add_argument(
         "--prepare",
