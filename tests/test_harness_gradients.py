@@ -111,6 +111,9 @@ def test_inconclusive_names_vacuous_bounds():
         harness.Finding(0.5, "dq", 0, 1e-3, 2e-3, "c", 1.0),
     ]
     assert [f.output for f in inconclusive(rep)] == ["dg"]
+    # vacuous at another entry than the worst one: listed too, as Report.vacuous_cases counts it
+    rep.history.append(harness.Finding(0.5, "dk", 0, 1e-3, 2e-3, "c", 1.0, vacuous=True))
+    assert [f.output for f in inconclusive(rep)] == ["dg", "dk"]
 
 
 def test_varlen_reference_runs_each_sequence_from_its_own_state():

@@ -706,8 +706,10 @@ def with_gate_dtype(fn, gate_dtype):
 
 def inconclusive(report) -> list:
     """Findings whose bound is at least the reference gradient's norm: no check (report them
-    as INCONCLUSIVE, never as a pass)."""
-    return [f for f in report.history if f.bound >= f.reference_norm > 0]
+    as INCONCLUSIVE, never as a pass). A finding is the worst entry of its output; it is
+    vacuous when any entry's bound was (``Finding.vacuous``, what ``Report.vacuous_cases``
+    counts), which that worst entry's own bound and norm need not show."""
+    return [f for f in report.history if f.vacuous or f.bound >= f.reference_norm > 0]
 
 
 STRATEGIES.setdefault("kla_backward", kla_backward)
