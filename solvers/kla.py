@@ -319,20 +319,21 @@ def check_arguments(
     for name, x in (("q", q), ("k", k), ("v", v)):
         check.floating(name, x, min_ndim=3)
     check_qkv(q, k, v)
-    if coefficient not in COEFFICIENTS:
-        raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
+    _coefficient(coefficient)
     if not isinstance(normalize_queries, bool):
         raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
     eps = nonnegative("eps", eps)
-    kd = k.detach().to(torch.float64)
-    al, _ = broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, kd)
-    if al.numel() and not bool(((al > 0) & (al <= 1)).all()):
-        raise ValueError(
-            f"alpha must lie in (0, 1], got values in [{float(al.min())}, {float(al.max())}]"
-        )
-    et, _ = broadcast_gate("eta", eta, k.shape[:-1], None, kd)
-    if et.numel() and not bool((et >= 0).all()):
-        raise ValueError(f"eta must be >= 0, got min(eta) = {float(et.min())}")
+    kd = k.detach().to(torch.float64)  # the gates' ranges as given, before any rounding
+    _check_range(
+        "alpha",
+        broadcast_gate("alpha", alpha, k.shape[:-1], k.shape, kd)[0],
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    _check_range(
+        "eta", broadcast_gate("eta", eta, k.shape[:-1], None, kd)[0], low=0.0, low_open=False
+    )
     if initial_state is not None:
         S0 = check.floating("initial_state", initial_state, min_ndim=3)
         *lead, _, H, d_k = k.shape

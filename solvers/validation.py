@@ -109,6 +109,19 @@ def ridge_strength(a) -> float:
     return float(a)
 
 
+def real(name: str, x, *, low: float = -math.inf, low_open: bool = False) -> float:
+    """A finite real number ``>= low`` (``> low`` when ``low_open``), as a float; a one-element
+    tensor is read as its value. NaN, inf, bools and non-numbers are refused by name."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    if not (math.isfinite(x) and (x > low if low_open else x >= low)):
+        bound = "" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{name} must be a finite real{bound}, got {x}")
+    return float(x)
+
+
 def count(name: str, n, *, minimum: int = 0) -> int:
     """A whole number such as ``iters`` or ``sweeps``."""
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):

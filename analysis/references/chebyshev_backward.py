@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import mpmath
@@ -48,23 +47,9 @@ class Problem:
         return self.L / self.mu
 
 
-def _kappa(kappa) -> float:
-    """A finite condition number >= 1: 0.5 silently built a kappa-2 problem, 0 / NaN / inf
-    raised math's or LAPACK's error."""
-    if isinstance(kappa, bool) or not isinstance(kappa, numbers.Real):
-        raise TypeError(f"kappa must be a real number, got {type(kappa).__name__}")
-    if not 1 <= kappa < math.inf:
-        raise ValueError(f"kappa must be a finite real >= 1, got {kappa}")
-    return float(kappa)
-
-
 def _spectrum(L, mu, iters) -> int:
     """``L >= mu > 0`` finite reals and ``iters`` an int >= 0 (as solvers.chebyshev takes them)."""
-    for name, x in (("L", L), ("mu", mu)):
-        if isinstance(x, bool) or not isinstance(x, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-        if not math.isfinite(x):
-            raise ValueError(f"{name} must be finite, got {x}")
+    L, mu = _v.real("L", L), _v.real("mu", mu)
     _v.spectrum_bounds(
         torch.tensor(float(L), dtype=torch.float64), torch.tensor(float(mu), dtype=torch.float64)
     )
@@ -79,7 +64,7 @@ def spd_problem(D: int, kappa: float, dtype: torch.dtype, seed: int = 0) -> Prob
     stored spectrum lies in [mu, L]. Raises ValueError if rounding made H indefinite (bf16 with
     kappa u_store >~ 1).
     """
-    D, kappa = _v.count("D", D, minimum=1), _kappa(kappa)
+    D, kappa = _v.count("D", D, minimum=1), _v.real("kappa", kappa, low=1.0)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -294,7 +279,10 @@ def measure(arith: Arith, kappa: float, iters: int, D: int = 8, seed: int = 0) -
 def stability_table(kappas=KAPPAS, iters=ITERS, precisions=PRECISIONS, D: int = 8) -> list:
     # checked up front: the ValueError caught below is for H rounded indefinite, and would
     # otherwise swallow a bad kappa, r or D into an empty table
-    kappas, iters = [_kappa(k) for k in kappas], [_v.count("iters", r) for r in iters]
+    kappas, iters = (
+        [_v.real("kappa", k, low=1.0) for k in kappas],
+        [_v.count("iters", r) for r in iters],
+    )
     _v.count("D", D, minimum=1)
     cells = []
     for ar in precisions:

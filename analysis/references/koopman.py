@@ -24,8 +24,6 @@ Bounds provided here (each a function, named where tests assert it):
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -62,9 +60,9 @@ def statistics(
 ) -> MpStatistics:
     """Eqs. (4)-(6) / (53) for ``z (T, r)``, ``v (T, P)`` exactly; ``scale`` None = sequence max."""
     _sequence(z, v, mask)
-    eps = _real("eps", eps, low=0.0)  # eps < 0 made G~ indefinite, NaN all of it NaN
+    eps = _v.real("eps", eps, low=0.0)  # eps < 0 made G~ indefinite, NaN all of it NaN
     if scale is not None:
-        scale = _real("scale", scale, low=0.0, low_open=True)  # 0 divided by zero
+        scale = _v.real("scale", scale, low=0.0, low_open=True)  # 0 divided by zero
     T, r = z.shape
     P = v.shape[-1]
     Z, Vm = to_mp(z.to(torch.float64)), to_mp(v.to(torch.float64))
@@ -111,18 +109,6 @@ def _sequence(z, v, mask) -> None:
             raise ValueError(f"mask must have shape ({z.shape[0]},), got {tuple(mask.shape)}")
         if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
             raise ValueError("mask must be boolean or hold only 0 and 1")  # 0.5 read as True
-
-
-def _real(name: str, x, *, low: float = -math.inf, low_open: bool = False) -> float:
-    """A finite real number above ``low`` (a one-element tensor is read as its value)."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
-        x = x.item()
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
-    if not (math.isfinite(x) and (x > low if low_open else x >= low)):
-        bound = "" if low == -math.inf else f" {'>' if low_open else '>='} {low:g}"
-        raise ValueError(f"{name} must be a finite real{bound}, got {x}")
-    return float(x)
 
 
 def cholesky(G: mpmath.matrix) -> mpmath.matrix:
@@ -239,7 +225,7 @@ def absolute_statistics(z: torch.Tensor, v: torch.Tensor, mask=None, scale=None,
         sc = torch.as_tensor(scale, dtype=torch.float64)
         if not bool((torch.isfinite(sc) & (sc > 0)).all()):
             raise ValueError("scale must be finite and > 0")
-    eps = _real("eps", eps, low=0.0)
+    eps = _v.real("eps", eps, low=0.0)
     z64, v64 = z.to(torch.float64).abs(), v.to(torch.float64).abs()
     m = (
         torch.linalg.vector_norm(z.to(torch.float64), dim=-1).amax(-1).clamp(min=SCALE_FLOOR)
@@ -294,7 +280,7 @@ def readout(
         raise ValueError(f"v must have shape (T, P) with P = {st.Cv.rows}, got {tuple(v.shape)}")
     # K = -1 silently applied no filter; gamma <= 0 flipped or zeroed the operator
     K, power_iters = _v.count("K", K), _v.count("power_iters", power_iters)
-    eta, gamma = _real("eta", eta), _real("gamma", gamma, low=0.0, low_open=True)
+    eta, gamma = _v.real("eta", eta), _v.real("gamma", gamma, low=0.0, low_open=True)
     with precision(DPS):
         L, Li, A_w = whitened(st)
         sig_p = power_sigma(A_w, power_iters)
@@ -344,8 +330,8 @@ def readout_scale(
     ``||L^{-1} Z|| <= 1``, ``||A'|| <= gamma ||A_w|| <= gamma``, ``||L^{-1}|| = lambda_min^{-1/2}``.
     """
     # lam_min <= 0 divided by zero or gave a complex number, a negative norm a negative S
-    eta, gamma = _real("eta", eta), _real("gamma", gamma, low=0.0, low_open=True)
+    eta, gamma = _v.real("eta", eta), _v.real("gamma", gamma, low=0.0, low_open=True)
     K = _v.count("K", K)
-    v_norm, q_norm = _real("v_norm", v_norm, low=0.0), _real("q_norm", q_norm, low=0.0)
-    lam_min = _real("lam_min", lam_min, low=0.0, low_open=True)
+    v_norm, q_norm = _v.real("v_norm", v_norm, low=0.0), _v.real("q_norm", q_norm, low=0.0)
+    lam_min = _v.real("lam_min", lam_min, low=0.0, low_open=True)
     return abs(eta) * gamma**K * v_norm * q_norm / lam_min**0.5

@@ -261,7 +261,7 @@ def strategy_sizes(name: str, args) -> dict:
         if args.max_kappa is not None and name in SPD_STRATEGIES:
             sizes["max_kappa"] = args.max_kappa
         return sizes
-    if name == "kla" and getattr(args, "kla_form", None) is not None:
+    if name == "kla" and args.kla_form is not None:
         return {"form": args.kla_form}
     return {}
 
@@ -275,7 +275,7 @@ def ignored_sizes(name: str, args) -> None:
         ("--max-batch", args.max_batch is not None, sized),
         ("--pow2", args.pow2, sized),
         ("--max-kappa", args.max_kappa is not None, name in SPD_STRATEGIES),
-        ("--kla-form", getattr(args, "kla_form", None) is not None, name == "kla"),
+        ("--kla-form", args.kla_form is not None, name == "kla"),
     ):
         if given and not applies:
             raise UsageError(option, f"the {name} strategy does not take it")

@@ -2,31 +2,16 @@
 naming the argument when the strategy is *built*, not an obscure error (or an Unsatisfiable,
 a health-check failure, a silently wrong case) later, inside hypothesis.
 
-Whole numbers reuse :func:`solvers.validation.count`, ridge strengths
+Whole numbers reuse :func:`solvers.validation.count`, real numbers :func:`~solvers.validation.real`, ridge strengths
 :func:`solvers.validation.ridge_strength`, so the messages read as the solvers' do.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-
 from solvers import validation
 
 count = validation.count  # (name, n, *, minimum): an int >= minimum
-
-
-def real(name: str, v, *, minimum: float = -math.inf, open_min: bool = False) -> float:
-    """A finite real ``>= minimum`` (``> minimum`` when ``open_min``); NaN and inf rejected."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(v).__name__}")
-    v = float(v)
-    ok = v > minimum if open_min else v >= minimum
-    if not (math.isfinite(v) and ok):
-        rel = ">" if open_min else ">="
-        lower = "" if minimum == -math.inf else f" {rel} {minimum}"
-        raise ValueError(f"{name} must be a finite float{lower}, got {v}")
-    return v
+real = validation.real  # (name, x, *, low, low_open): a finite float >= (>) low
 
 
 def ordered(lo_name: str, lo, hi_name: str, hi) -> None:
@@ -44,7 +29,7 @@ def sizes(lo_name: str, lo, hi_name: str, hi, *, minimum: int = 1) -> tuple:
 
 def kappas(lo_name: str, lo, hi_name: str, hi) -> tuple:
     """Condition numbers ``1 <= lo <= hi < inf``."""
-    lo, hi = real(lo_name, lo, minimum=1.0), real(hi_name, hi, minimum=1.0)
+    lo, hi = real(lo_name, lo, low=1.0), real(hi_name, hi, low=1.0)
     ordered(lo_name, lo, hi_name, hi)
     return lo, hi
 

@@ -85,8 +85,8 @@ def gka_cases(
     regimes = _checks.choices("regimes", regimes, GATE_REGIMES + (None,))
     if isinstance(a_range, (str, bytes)) or len(a_range) != 2:
         raise TypeError(f"a_range must be a pair (low, high), got {a_range!r}")
-    lo = _checks.real("a_range[0]", a_range[0], minimum=0.0, open_min=True)
-    hi = _checks.real("a_range[1]", a_range[1], minimum=0.0, open_min=True)
+    lo = _checks.real("a_range[0]", a_range[0], low=0.0, low_open=True)
+    hi = _checks.real("a_range[1]", a_range[1], low=0.0, low_open=True)
     _checks.ordered("a_range[0]", lo, "a_range[1]", hi)
     return _gka_cases(max_T, max_D, regimes, (lo, hi), _checks.shape("batch", batch))
 

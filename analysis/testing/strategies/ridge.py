@@ -127,7 +127,7 @@ _MIN_ENTRY = 2.0**-8  # bf16_floats' default min_magnitude: the smallest nonzero
 
 def _entry_bound(max_entry) -> float:
     """``max_entry`` of the literal strategies: below 2^-8 every entry would be 0."""
-    return _checks.real("max_entry", max_entry, minimum=_MIN_ENTRY)
+    return _checks.real("max_entry", max_entry, low=_MIN_ENTRY)
 
 
 def _bf16_at_most(x: float) -> float:

@@ -116,7 +116,7 @@ def kla_case(
     near_zero_keys = _checks.count("near_zero_keys", near_zero_keys)
     zero_keys = _checks.count("zero_keys", zero_keys)
     for name, (lo, hi) in (("key_norms", key_norms), ("query_norms", query_norms)):
-        _checks.real(f"{name}[0]", lo, minimum=0.0, open_min=True)
+        _checks.real(f"{name}[0]", lo, low=0.0, low_open=True)
         _checks.ordered(f"{name}[0]", lo, f"{name}[1]", _checks.real(f"{name}[1]", hi))
     if coefficient not in COEFFICIENTS:
         raise ValueError(f"coefficient must be one of {COEFFICIENTS}, got {coefficient!r}")
@@ -246,8 +246,8 @@ def consistent_system(
     re-measures). ``x_star`` Gaussian, ``b = A x_star``."""
     # kappa < 1 or a row scale <= 0 (NaN rows) gave a system unlike its description, silently
     m, n = _checks.count("m", m, minimum=1), _checks.count("n", n, minimum=1)
-    kappa = _checks.real("kappa", kappa, minimum=1.0)
-    lo = _checks.real("row_scales[0]", row_scales[0], minimum=0.0, open_min=True)
+    kappa = _checks.real("kappa", kappa, low=1.0)
+    lo = _checks.real("row_scales[0]", row_scales[0], low=0.0, low_open=True)
     _checks.ordered(
         "row_scales[0]", lo, "row_scales[1]", _checks.real("row_scales[1]", row_scales[1])
     )
@@ -281,8 +281,8 @@ def consistent_systems(
         _checks.count("max_m", max_m, minimum=1),
         _checks.count("max_n", max_n, minimum=1),
     )
-    max_kappa = _checks.real("max_kappa", max_kappa, minimum=1.0)
-    _checks.real("max_row_scale", max_row_scale, minimum=1.0)
+    max_kappa = _checks.real("max_kappa", max_kappa, low=1.0)
+    _checks.real("max_row_scale", max_row_scale, low=1.0)
     if tall is False and max_n < 2:
         raise ValueError(f"wide systems (m < n) need max_n >= 2, got max_n={max_n}")
     if tall is None and max_n < 2:

@@ -43,8 +43,8 @@ def spectrum(
     D = _checks.count("D", D, minimum=1)
     # kappa = inf gave NaN eigenvalues, lam_max <= 0 a spectrum that is not positive, and
     # D = 1 with kappa > 1 silently kappa 1
-    kappa = _checks.real("kappa", kappa, minimum=1.0)
-    lam_max = _checks.real("lam_max", lam_max, minimum=0.0, open_min=True)
+    kappa = _checks.real("kappa", kappa, low=1.0)
+    lam_max = _checks.real("lam_max", lam_max, low=0.0, low_open=True)
     if D == 1 and kappa != 1.0:
         raise ValueError(f"a 1x1 spectrum has kappa 1: D = 1 needs kappa = 1, got {kappa}")
     if D == 1:
@@ -92,8 +92,8 @@ def log_uniform_spd(
     kernel rows are drawn here, so a failing case can be rebuilt from its seed."""
     # kappa < 1 or scale <= 0 gave matrices that are not SPD in the promised range, silently
     D, n = _checks.count("D", D, minimum=1), _checks.count("n", n, minimum=0)
-    _checks.real("kappa", kappa, minimum=1.0)
-    _checks.real("scale", scale, minimum=0.0, open_min=True)
+    _checks.real("kappa", kappa, low=1.0)
+    _checks.real("scale", scale, low=0.0, low_open=True)
     Q = haar_orthogonal(D, batch=(n,), generator=generator)
     t = torch.rand(n, D, dtype=_F64, generator=generator, device=generator.device)
     if D >= 2:
