@@ -60,7 +60,7 @@ import triton
 import triton.language as tl
 
 from solvers import validation as check
-from solvers.kla import broadcast_gate, check_qkv, nonnegative
+from solvers.kla import broadcast_gate, check_qkv, initial_state_view, nonnegative
 
 from . import _launch as launch
 from ._matvec import INTERPRETED, stored
@@ -1066,16 +1066,7 @@ def _arguments(
     if initial_state is not None:
         initial_state = launch.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", initial_state, "q", q)
-        if initial_state.shape[-3:] != (H, DK, DV):
-            raise ValueError(
-                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {DK}, {DV}), got {tuple(initial_state.shape)}"
-            )
-        try:
-            S0 = initial_state.expand(*lead, H, DK, DV)
-        except RuntimeError:
-            raise ValueError(
-                f"initial_state has batch shape {tuple(initial_state.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
-            ) from None
+        S0 = initial_state_view(initial_state, k, DV)
     return _Args(
         q,
         k,

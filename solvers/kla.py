@@ -305,6 +305,22 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         )
 
 
+def initial_state_view(S0: torch.Tensor, k: torch.Tensor, d_v: int) -> torch.Tensor:
+    """``S0`` ``(..., H, d_k, d_v)`` expanded to k's batch (a view), or an error naming
+    initial_state: the shape check shared by the solvers, the kernels and the references."""
+    *lead, _, H, d_k = k.shape
+    if S0.shape[-3:] != (H, d_k, d_v):
+        raise ValueError(
+            f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {d_v}), got {tuple(S0.shape)}"
+        )
+    try:
+        return S0.expand(*lead, H, d_k, d_v)
+    except RuntimeError:
+        raise ValueError(
+            f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
+        ) from None
+
+
 def check_arguments(
     q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, *, zero_queries=False
 ) -> float:
@@ -335,18 +351,9 @@ def check_arguments(
         "eta", broadcast_gate("eta", eta, k.shape[:-1], None, kd)[0], low=0.0, low_open=False
     )
     if initial_state is not None:
-        S0 = check.floating("initial_state", initial_state, min_ndim=3)
-        *lead, _, H, d_k = k.shape
-        if tuple(S0.shape[-3:]) != (H, d_k, v.shape[-1]):
-            raise ValueError(
-                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {v.shape[-1]}), "
-                f"got {tuple(S0.shape)}"
-            )
-        if check.batch_shape("initial_state and k", S0.shape[:-3], tuple(lead)) != tuple(lead):
-            raise ValueError(
-                f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not "
-                f"broadcast to k's {tuple(lead)}"
-            )
+        initial_state_view(
+            check.floating("initial_state", initial_state, min_ndim=3), k, v.shape[-1]
+        )
     if normalize_queries and not zero_queries and q.numel():
         if not bool((q.detach().to(torch.float64).norm(dim=-1) > 0).all()):
             raise ValueError(
@@ -379,17 +386,8 @@ def _prepare(
     else:
         S0 = check.tensor("initial_state", initial_state, min_ndim=3)
         check.same_kind("initial_state", S0, "q", q)
-        if S0.shape[-3:] != (H, d_k, d_v):
-            raise ValueError(
-                f"initial_state must be (..., H, d_k, d_v) = (..., {H}, {d_k}, {d_v}), got {tuple(S0.shape)}"
-            )
-        try:
-            # a copy: with T = 0 the final state is S_0, which must not alias the caller's tensor
-            S0 = S0.expand(*lead, H, d_k, d_v).clone()
-        except RuntimeError:
-            raise ValueError(
-                f"initial_state has batch shape {tuple(S0.shape[:-3])}, which does not broadcast to q's {tuple(lead)}"
-            ) from None
+        # a copy: with T = 0 the final state is S_0, which must not alias the caller's tensor
+        S0 = initial_state_view(S0, k, d_v).clone()
     # (..., T, H, d) -> (..., H, T, d): the recurrence runs along T for every head at once.
     qh, kh, vh = (t.movedim(-3, -2) for t in (q, k, v))
     alpha_h = alpha_t.movedim(-3, -2) if per_channel else alpha_t.movedim(-2, -1)
