@@ -37,18 +37,10 @@ import triton.language as tl
 
 ROWS = 16  # rows (or columns) of a carried sum a program holds: 8 programs a sequence at D = 128
 STATE_BLOCK = 32  # rows of a chunk-start state the chunk kernel reads at a time
-# products on tensor cores in three tf32 products instead of float32 FMAs: a trial switch for the
-# benchmark (the GRAD bound models float32 products; docs/performance.md)
-FAST_PRODUCTS = False
-CHUNK_WARPS = 8  # warps of a chunk program (trial switch)
 
 
 @triton.jit
-def _dot(a, b, FAST: tl.constexpr = False):
-    """A float32 product: at float32 accuracy (``ieee``, CUDA cores), or with FAST on tensor
-    cores in three tf32 products (``tf32x3``; a trial, not the default)."""
-    if FAST:
-        return tl.dot(a, b, input_precision="tf32x3")
+def _dot(a, b):
     return tl.dot(a, b, input_precision="ieee")
 
 
@@ -109,7 +101,6 @@ def dx_kernel(
     BJ: tl.constexpr,
     C: tl.constexpr,
     HAS_G: tl.constexpr,
-    FAST: tl.constexpr,
     HAS_B: tl.constexpr,
 ):
     i_n = tl.program_id(0).to(tl.int64)
@@ -131,8 +122,8 @@ def dx_kernel(
             mask=(o_j < DV)[:, None] & (o_d < D)[None, :],
             other=0.0,
         )
-        acc += _dot(_tile(p_dy, row0, o_c, o_j, DV), R, FAST)
-    dx = zeta[:, None] * acc + _dot(tl.trans(M) * _dot(dY, tl.trans(V), FAST), bK, FAST)
+        acc += _dot(_tile(p_dy, row0, o_c, o_j, DV), R)
+    dx = zeta[:, None] * acc + _dot(tl.trans(M) * _dot(dY, tl.trans(V)), bK)
     tl.store(p_dx + (row0 + o_c)[:, None] * D + o_d[None, :], dx, mask=(o_d < D)[None, :])
 
 
@@ -153,7 +144,6 @@ def sym_carry_kernel(
     BR: tl.constexpr,
     C: tl.constexpr,
     HAS_G: tl.constexpr,
-    FAST: tl.constexpr,
     HAS_B: tl.constexpr,
 ):
     # rows o_r of Sigma_n = P_end,n + P_end,n^T, carried backwards:
@@ -170,7 +160,7 @@ def sym_carry_kernel(
         n = NC - 1 - step
         row0 = i_n * NC * C + n * C
         K = _tile(p_k, row0, o_c, o_d, D)
-        out = _dot(K, tl.trans(E), FAST)
+        out = _dot(K, tl.trans(E))
         tl.store(p_out + (row0 + o_c)[:, None] * D + o_r[None, :], out, mask=(o_r < D)[None, :])
         X = _tile(p_x, row0, o_c, o_d, D)
         dQ = _tile(p_dq, row0, o_c, o_d, D)
@@ -186,10 +176,8 @@ def sym_carry_kernel(
         S_rows = tl.load(p_Sn + o_r[:, None] * D + o_d[None, :], mask=m_rd, other=0.0)
         S_cols = tl.load(p_Sn + o_d[None, :] * D + o_r[:, None], mask=m_rd, other=0.0)
         delta = -(0.5 * s) * (S_rows + S_cols)
-        delta -= _dot(tl.trans(Kr), hc[:, None] * K, FAST) + _dot(
-            tl.trans(hc[:, None] * Kr), K, FAST
-        )
-        delta -= _dot(tl.trans(zqr), X, FAST) + _dot(tl.trans(Xr), zq, FAST)
+        delta -= _dot(tl.trans(Kr), hc[:, None] * K) + _dot(tl.trans(hc[:, None] * Kr), K)
+        delta -= _dot(tl.trans(zqr), X) + _dot(tl.trans(Xr), zq)
         E = decay * E + delta
 
 
@@ -211,7 +199,6 @@ def q_carry_kernel(
     ROW_PROGRAMS: tl.constexpr,
     C: tl.constexpr,
     HAS_G: tl.constexpr,
-    FAST: tl.constexpr,
 ):
     # Q_{n-1} = zeta^n_C Q_n + (dy . zeta)^T X (kernels/gka_layer_bwd.py, (Dv, D)); the first
     # ROW_PROGRAMS programs of a sequence carry rows o_r of it and write (K Q_n^T)[:, o_r], the
@@ -228,24 +215,24 @@ def q_carry_kernel(
             n = NC - 1 - step
             row0 = i_n * NC * C + n * C
             K = _tile(p_k, row0, o_c, o_d, D)
-            out = _dot(K, tl.trans(E), FAST)
+            out = _dot(K, tl.trans(E))
             tl.store(
                 p_kqt + (row0 + o_c)[:, None] * DV + o_r[None, :], out, mask=(o_r < DV)[None, :]
             )
             _, zeta, decay, _, _ = _gates(p_G, row0, o_c, C, HAS_G)
             zy = _tile(p_dy, row0, o_c, o_r, DV) * zeta[:, None]
-            E = decay * E + _dot(tl.trans(zy), _tile(p_x, row0, o_c, o_d, D), FAST)
+            E = decay * E + _dot(tl.trans(zy), _tile(p_x, row0, o_c, o_d, D))
     else:
         o_j = (i_p - ROW_PROGRAMS) * BR + tl.arange(0, BR)
         F = tl.zeros([BLOCK_V, BR], dtype=tl.float32)
         for step in range(NC):
             n = NC - 1 - step
             row0 = i_n * NC * C + n * C
-            out = _dot(_tile(p_v, row0, o_c, o_v, DV), F, FAST)
+            out = _dot(_tile(p_v, row0, o_c, o_v, DV), F)
             tl.store(p_vq + (row0 + o_c)[:, None] * D + o_j[None, :], out, mask=(o_j < D)[None, :])
             _, zeta, decay, _, _ = _gates(p_G, row0, o_c, C, HAS_G)
             zy = _tile(p_dy, row0, o_c, o_v, DV) * zeta[:, None]
-            F = decay * F + _dot(tl.trans(zy), _tile(p_x, row0, o_c, o_j, D), FAST)
+            F = decay * F + _dot(tl.trans(zy), _tile(p_x, row0, o_c, o_j, D))
 
 
 @triton.jit
@@ -276,7 +263,6 @@ def chunk_grads_kernel(
     BJ: tl.constexpr,
     C: tl.constexpr,
     HAS_G: tl.constexpr,
-    FAST: tl.constexpr,
     HAS_B: tl.constexpr,
     HAS_V: tl.constexpr,
 ):
@@ -307,26 +293,24 @@ def chunk_grads_kernel(
             mask=(o_j < D)[:, None] & m_d,
             other=0.0,
         )
-        KS += _dot(_tile(p_k, row0, o_c, o_j, D), S, FAST)
-        qHS += tl.sum(_tile(p_dq, row0, o_c, o_j, D) * _dot(X, tl.trans(S), FAST), axis=1)
-    KX = M * _dot(K, tl.trans(X), FAST)  # [i, c] = M_{i,c} k_i . x_c
-    Mw = _dot(M * w[None, :], tl.trans(M), FAST)
-    half_wHk = 0.5 * (b[:, None] * KS + _dot(_dot(K, tl.trans(K), FAST) * Mw, bK, FAST))
-    Pk = _dot(KX, dQ, FAST) + half_wHk
+        KS += _dot(_tile(p_k, row0, o_c, o_j, D), S)
+        qHS += tl.sum(_tile(p_dq, row0, o_c, o_j, D) * _dot(X, tl.trans(S)), axis=1)
+    KX = M * _dot(K, tl.trans(X))  # [i, c] = M_{i,c} k_i . x_c
+    Mw = _dot(M * w[None, :], tl.trans(M))
+    half_wHk = 0.5 * (b[:, None] * KS + _dot(_dot(K, tl.trans(K)) * Mw, bK))
+    Pk = _dot(KX, dQ) + half_wHk
     KSig = _tile(p_ksig, row0, o_c, o_d, D)
     kPk = 0.5 * e * tl.sum(K * KSig, axis=1) - tl.sum(K * Pk, axis=1)
-    dk = e[:, None] * KSig - Pk - _dot(M * _dot(K, tl.trans(dQ), FAST), X, FAST) - half_wHk
-    XbK = tl.trans(M) * _dot(X, tl.trans(bK), FAST)  # [c, j] = Mt[c, j] beta_j x_c . k_j
-    own = -(zeta * qHS + tl.sum(dQ * _dot(XbK, K, FAST), axis=1) + 0.5 * w * fro * fro)
+    dk = e[:, None] * KSig - Pk - _dot(M * _dot(K, tl.trans(dQ)), X) - half_wHk
+    XbK = tl.trans(M) * _dot(X, tl.trans(bK))  # [c, j] = Mt[c, j] beta_j x_c . k_j
+    own = -(zeta * qHS + tl.sum(dQ * _dot(XbK, K), axis=1) + 0.5 * w * fro * fro)
     dbeta = kPk
     if HAS_V:
         o_v = tl.arange(0, BLOCK_V)
         V = _tile(p_v, row0, o_c, o_v, DV)
         dY = _tile(p_dy, row0, o_c, o_v, DV)
-        Qk = _dot(KX, dY, FAST) + e[:, None] * _tile(p_kqt, row0, o_c, o_v, DV)
-        dk += _dot(M * _dot(V, tl.trans(dY), FAST), X, FAST) + e[:, None] * _tile(
-            p_vq, row0, o_c, o_d, D
-        )
+        Qk = _dot(KX, dY) + e[:, None] * _tile(p_kqt, row0, o_c, o_v, DV)
+        dk += _dot(M * _dot(V, tl.trans(dY)), X) + e[:, None] * _tile(p_vq, row0, o_c, o_d, D)
         dbeta += tl.sum(V * Qk, axis=1)
         tl.store(
             p_dv + (row0 + o_c)[:, None] * DV + o_v[None, :],
@@ -341,8 +325,8 @@ def chunk_grads_kernel(
                 mask=(o_j < DV)[:, None] & m_d,
                 other=0.0,
             )
-            yUR += tl.sum(_tile(p_dy, row0, o_c, o_j, DV) * _dot(X, tl.trans(R), FAST), axis=1)
-        own += zeta * yUR + tl.sum(dY * _dot(XbK, V, FAST), axis=1)
+            yUR += tl.sum(_tile(p_dy, row0, o_c, o_j, DV) * _dot(X, tl.trans(R)), axis=1)
+        own += zeta * yUR + tl.sum(dY * _dot(XbK, V), axis=1)
     tl.store(p_dk + (row0 + o_c)[:, None] * D + o_d[None, :], beta[:, None] * dk, mask=m_d)
     tl.store(p_dbeta + row0 + o_c, dbeta)
     tl.store(p_dG + row0 + o_c, own - beta * dbeta)
@@ -378,7 +362,6 @@ def dx_from_dy(k, v, dy, G, beta, R, C: int) -> torch.Tensor:
             C=C,
             HAS_G=G is not None,
             HAS_B=beta is not None,
-            FAST=FAST_PRODUCTS,
             num_warps=4,
         )
     return dx
@@ -403,15 +386,14 @@ def carried_products(*, k, x, dq, fro, G, beta, S, a: float, C: int, v=None, dy=
     g_ = k if G is None else G
     sym_carry_kernel[(N, triton.cdiv(D, ROWS))](
         k, x, dq, g_, k if beta is None else beta, fro, S, ksig, NC, 2.0 * a,
-        D=D, BLOCK_D=BD, BR=ROWS, C=C, HAS_G=G is not None, HAS_B=beta is not None, FAST=FAST_PRODUCTS,
-        num_warps=4,
+        D=D, BLOCK_D=BD, BR=ROWS, C=C, HAS_G=G is not None, HAS_B=beta is not None, num_warps=4,
     )  # fmt: skip
     if has_v:
         rows = triton.cdiv(Dv, ROWS)
         q_carry_kernel[(N, rows + triton.cdiv(D, ROWS))](
             k, v, x, dy, g_, kqt, vq, NC,
             D=D, DV=Dv, BLOCK_D=BD, BLOCK_V=BV, BR=ROWS, ROW_PROGRAMS=rows, C=C,
-            HAS_G=G is not None, FAST=FAST_PRODUCTS, num_warps=4,
+            HAS_G=G is not None, num_warps=4,
         )  # fmt: skip
     return ksig, kqt, vq
 
@@ -447,8 +429,7 @@ def implicit_backward_fused(
         k if beta is None else beta, fro, S, R if has_v else S, ksig,
         kqt if has_v else ksig, vq if has_v else ksig, dk, dv if has_v else dk, dbeta, dG,
         NC, 2.0 * a, D=D, DV=Dv, BLOCK_D=BD, BLOCK_V=BV, BJ=min(STATE_BLOCK, BD), C=C,
-        HAS_G=G is not None, HAS_B=beta is not None, HAS_V=has_v, FAST=FAST_PRODUCTS,
-        num_warps=CHUNK_WARPS,
+        HAS_G=G is not None, HAS_B=beta is not None, HAS_V=has_v, num_warps=8,
     )  # fmt: skip
     return dk, dv, dbeta, dG
 
