@@ -81,10 +81,10 @@ def solve_launch(num_warps: int, maxnreg=None) -> dict:
 # 128, no gates, a Hopper GPU, the default chunk size), else the Triton solve kernel; "triton" --
 # always the Triton kernel (benchmarks and tests compare the two).
 SOLVE_KERNEL = "auto"
-# The backward's implementation: "triton" (fused kernels, kernels/gka_layer_bwd_triton.py) or
-# "pytorch" (the formulas they fuse, kernels/gka_layer_bwd.py; the benchmark's comparison row).
-BACKWARD = "triton"
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
+# the backward's implementation: "triton" (fused kernels, kernels/gka_layer_bwd_triton.py) or
+# "pytorch" (the formulas they fuse, kernels/gka_layer_bwd.py; the benchmark's comparison row)
+BACKWARD = "triton"
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
 
