@@ -294,16 +294,19 @@ def claims_runner():
 UNAVAILABLE = "proofs_check is not available (no proofs_check.runner)"
 
 
-def run_claims(argv: list, out_dir: Optional[pathlib.Path]) -> tuple:
+def run_claims(
+    argv: list, out_dir: Optional[pathlib.Path], prog: str = "python -m analysis claims"
+) -> tuple:
     """``python -m analysis claims``: ``proofs_check.runner.main(argv)``; returns (exit code or
-    None if unavailable, captured output). Its table is also saved as ``out_dir/claims.txt``."""
+    None if unavailable, captured output). Its table is also saved as ``out_dir/claims.txt``.
+    ``prog`` names the command in usage lines and errors (``svt claims`` when run as svt)."""
     runner = claims_runner()
     if runner is None:
         return None, UNAVAILABLE
     buf = io.StringIO()
     try:
         with contextlib.redirect_stdout(buf):
-            code = runner.main(list(argv), prog="python -m analysis claims")
+            code = runner.main(list(argv), prog=prog)
     except SystemExit as exc:  # argparse inside the runner (--help, a bad option)
         code = exc.code if isinstance(exc.code, int) else 2
     text = buf.getvalue()
@@ -700,7 +703,7 @@ def main(argv: Optional[list] = None) -> int:
         return 1 if bad or failures else 0
 
     if args.command == "claims":
-        code, text = run_claims(extra, args.out / "claims")
+        code, text = run_claims(extra, args.out / "claims", prog=f"{parser.prog} claims")
         if text:  # nothing after a usage error, which went to stderr
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0 if code is None else int(code)

@@ -85,6 +85,7 @@ def chebyshev_adaptive(
     """
     iters = check.count("iters", iters)
     a = check.ridge_strength(a)
+    check.flag("return_lambda", return_lambda)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch = launch.systems(H, q)

@@ -292,7 +292,7 @@ def chebyshev_backward(
     """
     iters = check.count("iters", iters)
     _method("method", method)
-    if return_info:
+    if check.flag("return_info", return_info):
         raise ValueError(
             "return_info is not supported by kernels.chebyshev_backward; "
             "solvers.chebyshev_backward(..., return_info=True) gives the history"

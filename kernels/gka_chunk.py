@@ -117,7 +117,7 @@ def chunkwise_frobenius(
         raise ValueError(
             f"chunk_size must be <= 128 (one chunk's Gram matrix stays on chip), got {chunk_size}"
         )
-    if return_states:
+    if check.flag("return_states", return_states):
         raise ValueError(
             "return_states is not supported by kernels.chunkwise_frobenius; "
             "solvers.chunkwise_frobenius(..., return_states=True) returns them"

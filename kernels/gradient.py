@@ -103,6 +103,7 @@ def _solve(
     tensor_cores,
 ):
     iters = check.count("iters", iters)
+    check.flag("return_info", return_info)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch, Lt, mt = launch.bounded_systems(H, q, L, mu)

@@ -64,6 +64,7 @@ def cg(
     iters = check.count("iters", iters)
     rtol = check.tolerance("rtol", rtol, allow_none=True)
     atol = check.tolerance("atol", atol)
+    check.flag("return_info", return_info)
     if callback is not None and not callable(callback):
         raise TypeError(
             f"callback must be callable (called as callback(xk)) or None, got {type(callback).__name__}"

@@ -76,6 +76,7 @@ def chebyshev(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_inf
         xi_r in H's dtype, or ``(xi_r, info)``.
     """
     iters = check.count("iters", iters)
+    check.flag("return_info", return_info)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
     iterates, omegas = [], []
     for omega, _, xi in chebyshev_steps(sys, iters):

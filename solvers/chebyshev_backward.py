@@ -95,6 +95,7 @@ def chebyshev_backward(
     """
     iters = check.count("iters", iters)
     _check_method("method", method, METHODS)
+    check.flag("return_info", return_info)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
     g = _cotangent(grad_x, sys)
     if method == "autograd":

@@ -147,6 +147,7 @@ def cholesky(
     """
     G = check.square_matrix("G", G)
     check.bf16_mode(bf16_mode)
+    check.flag("return_info", return_info)
     jitter = _jitter(jitter)
     ar = Arith(G.dtype, bf16_mode)
     L, failed = _factor(ar, G, 0.0)

@@ -296,6 +296,7 @@ def gka_layer(
         ``H_t = 0`` (then lambda_t = 0 and the system is singular).
     """
     inp = validate_inputs(q, k, v, g, beta, a)
+    check.flag("return_info", return_info)
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
     if solver == "exact":

@@ -145,6 +145,7 @@ def chunkwise_frobenius(
     kk, gg, bb, B = _key_inputs(k, g, beta)
     chunks = _chunks(kk.shape[-2], chunk_size)
     check.bf16_mode(bf16_mode)
+    check.flag("return_states", return_states)
     ar = Arith(kk.dtype, bf16_mode)
     D = kk.shape[-1]
     H0 = torch.zeros(*B, D, D, dtype=ar.dtype, device=kk.device)

@@ -34,6 +34,7 @@ def gd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: bool
     """``iters`` steps of gradient descent with the optimal step 2/(L+mu) from x_0 = 0: GKA Fig. 1a's
     GD baseline, ``x_{i+1} = x_i - 2/(L + mu) (H x_i - q)`` (module docstring)."""
     iters = check.count("iters", iters)
+    check.flag("return_info", return_info)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
     ar = sys.arith
     step = sys.param(2.0 / (sys.L + sys.mu))
@@ -51,6 +52,7 @@ def agd(H, q, *, L, mu, iters: int, bf16_mode: str = "storage", return_info: boo
     """``iters`` steps of Nesterov's method, step 1/L, momentum (sqrt(kappa)-1)/(sqrt(kappa)+1): GKA
     Fig. 1a's AGD baseline (Nesterov 2004, scheme (2.2.19); module docstring)."""
     iters = check.count("iters", iters)
+    check.flag("return_info", return_info)
     sys = prepare(H, q, L=L, mu=mu, need_bounds=True, bf16_mode=bf16_mode)
     ar = sys.arith
     step = sys.param(1.0 / sys.L)

@@ -87,6 +87,7 @@ def kaczmarz(
             f"b has last dimension {b.shape[-1]} but A has {A.shape[-2]} rows (shape {tuple(A.shape)})"
         )
     sweeps = check.count("sweeps", sweeps)
+    check.flag("return_info", return_info)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     relaxation = _relaxation(relaxation)

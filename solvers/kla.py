@@ -91,6 +91,7 @@ def kla_recurrent(
     Returns:
         o ``(..., T, H, d_v)`` in the input dtype, and S_T ``(..., H, d_k, d_v)`` if asked.
     """
+    check.flag("return_final_state", return_final_state)
     x = _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, bf16_mode)
     ar = x.arith
     S = x.state
@@ -129,6 +130,7 @@ def kla_chunkwise(
     same values; in floating point they differ by rounding (docs/kla.md, "Tokenwise vs chunkwise").
     """
     chunk_size = check.count("chunk_size", chunk_size, minimum=1)
+    check.flag("return_final_state", return_final_state)
     x = _prepare(q, k, v, alpha, eta, eps, initial_state, coefficient, normalize_queries, bf16_mode)
     ar = x.arith
     S = x.state

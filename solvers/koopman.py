@@ -799,8 +799,11 @@ def koopman_readout(
     stats = _check_stats(stats)
     zq = _check_queries(stats, zq)
     K = check.count("K", K)
+    # checked by its own name here (spectral_normalize would call it iters)
+    power_iters = check.count("power_iters", power_iters)
     ar = stats.arith
     eta_c = ar.scalar(check.parameter("eta", eta, stats.batch, zq.device))
+    check.flag("return_info", return_info)
     L, finfo, usable, L_info = _factor_gram(stats, jitter, return_info)
     mode = ar.mode
     A_w = whitened_operator(stats.M, L, bf16_mode=mode)
@@ -822,6 +825,7 @@ def ridge_readout(stats, zq, *, jitter: float = DEFAULT_JITTER, return_info: boo
     stats = _check_stats(stats)
     zq = _check_queries(stats, zq)
     ar = stats.arith
+    check.flag("return_info", return_info)
     L, finfo, usable, L_info = _factor_gram(stats, jitter, return_info)
     Bv = value_map(stats.Cv, L, bf16_mode=ar.mode)
     y = ar.store(ar.matvec(Bv.unsqueeze(-3), stats.normalize(zq)))

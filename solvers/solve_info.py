@@ -47,7 +47,8 @@ class Status(enum.IntEnum):
 
 _ADVICE = {
     Status.COMPLETED: "the requested number of iterations ran; no tolerance was asked for, so the "
-    "accuracy is whatever the method's bound gives at that count (pass tol= to have it checked).",
+    "accuracy is whatever the method's bound gives at that count (CG: pass rtol= or atol= to have "
+    "it checked; Chebyshev, GD and AGD take no tolerance).",
     Status.CONVERGED: "the residual met the requested tolerance.",
     Status.JITTERED: "the matrix was not numerically positive definite in this precision; it was "
     "factorised after adding jitter to its diagonal, so the result solves a perturbed system: use a "

@@ -131,6 +131,14 @@ def count(name: str, n, *, minimum: int = 0) -> int:
     return int(n)
 
 
+def flag(name: str, v) -> bool:
+    """An on/off option such as ``return_info``: True or False. A string such as ``"no"`` or a
+    number would otherwise be read by its truthiness and silently change what is returned."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(v).__name__} {v!r}")
+    return v
+
+
 def tolerance(name: str, v, *, allow_none: bool = False):
     """A stopping tolerance such as ``rtol`` or ``atol``: a finite real >= 0 (or None where
     ``allow_none``). ``not 0 <= v < inf`` also rejects NaN, which would silently never stop.
