@@ -90,11 +90,18 @@ def rounds_to(value: float, printed: str) -> bool:
     return abs(value - float(text)) <= half_unit * (1 + 1e-12)
 
 
+def _cell(text: str) -> str:
+    """A markdown table cell: the norms' bars (``||k||``, ``|lambda|^2``) escaped, or each ``|``
+    would end the cell and shift the row's columns."""
+    return str(text).replace("|", "\\|")
+
+
 def paper_table_markdown(rows: Sequence[PaperRow]) -> str:
     lines = ["| quantity | paper | ours | agrees | note |", "| --- | --- | --- | --- | --- |"]
     for r in rows:
         mark = {True: "yes", False: "**no**", None: "n/a"}[r.agrees]
-        lines.append(f"| {r.quantity} | {r.paper} | {r.ours} | {mark} | {r.note} |")
+        cells = (r.quantity, r.paper, r.ours, mark, r.note)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

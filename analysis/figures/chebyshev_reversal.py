@@ -101,7 +101,7 @@ def paper_rows(params: dict, data: dict) -> list:
             C.PaperRow(
                 f"recovered nu_1 rel. error, kappa = 51, r = 30 ({arith.label})",
                 "stable (eq. (47))",
-                f"{nu1:.1e}",
+                f"{nu1:.1e} (allowance {allow:.1e})",  # the verdict's yardstick, shown
                 (nu1 <= allow) if applies else None,
                 "reverse, eq. (47): omega_1* repels the reversed map" + why,
             )

@@ -128,15 +128,43 @@ def paper_rows(data: dict) -> list:
     ]
 
 
+def same_as_sigmoid(errors: dict) -> bool:
+    """Whether the stable softplus form's errors equal the sigmoid's in every precision (it is
+    the sigmoid, ``solvers.gates``): then panel (d) draws them once, as one legend entry."""
+    labels = {k.split("|")[1] for k in errors}
+    return all(errors.get(f"softplus|{lb}") == errors.get(f"sigmoid|{lb}") for lb in labels)
+
+
+def precision_curves(errors: dict) -> dict:
+    """The curves of panel (d), ``{key: gate name in the legend}``: the stable softplus form is
+    left out where it equals the sigmoid (drawn on top, it hid the sigmoid curve that the legend
+    listed)."""
+    merged = same_as_sigmoid(errors)
+    out = {}
+    for key in errors:
+        name = key.split("|")[0]
+        if merged and name == "softplus":
+            continue
+        out[key] = name
+    return out
+
+
+def _gate_legend_label(name: str, merged: bool) -> str:
+    if name == "sigmoid" and merged:
+        return "sigmoid\n= softplus (stable)"
+    return name + (" (stable)" if name == "softplus" else "")
+
+
 def _precision_panel(ax, z: list, errors: dict) -> None:
     """Panel (d): colour = gate, line style = precision, two legends beside the panel (twelve
     curves would bury the data under one legend); each precision's unit roundoff is labelled."""
     from matplotlib.lines import Line2D
 
-    for key, err in errors.items():
-        name, label = key.split("|")
+    merged = same_as_sigmoid(errors)
+    for key, name in precision_curves(errors).items():
+        label = key.split("|")[1]
         col = "black" if "printed" in name else COLORS[name.split()[0]]
-        ax.plot(z, C.positive(err), color=col, ls=C.PRECISION_STYLES[label], lw=1.0)
+        ax.plot(z, C.positive(errors[key]), color=col, ls=C.PRECISION_STYLES[label], lw=1.0)
     for arith in PRECISIONS[1:]:
         if arith.mode == "strict":
             continue  # the same u_store as bf16 storage
@@ -153,8 +181,9 @@ def _precision_panel(ax, z: list, errors: dict) -> None:
         legend=False,
     )
     gates = [
-        Line2D([], [], color=COLORS[n], label=n + (" (stable)" if n == "softplus" else ""))
+        Line2D([], [], color=COLORS[n], label=_gate_legend_label(n, merged))
         for n in COLORS
+        if not (merged and n == "softplus")
     ]
     gates.append(Line2D([], [], color="black", label="softplus as printed\n1 - exp(-softplus z)"))
     first = ax.legend(
@@ -176,6 +205,7 @@ def _precision_panel(ax, z: list, errors: dict) -> None:
         title="precision",
         fontsize=6,
         title_fontsize=7,
+        handlelength=3.5,  # long enough that dash-dot (bf16 storage) does not read as solid
         loc="lower left",
         bbox_to_anchor=(1.02, 0.0),
         frameon=False,

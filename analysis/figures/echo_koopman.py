@@ -237,7 +237,7 @@ def _normalisation_panel(ax, n: dict) -> None:
         mec="black",
         mew=0.5,
         ms=5,
-        label=f"same, > 1: breaks Prop. D.2 ({len(over)} of {len(n['gap'])} operators)",
+        label=f"same, > 1 (shaded): breaks Prop. D.2 ({len(over)} of {len(n['gap'])} operators)",
     )
     ax.plot(n["gap"], n["normK2_power"], "x", color="tab:orange", ms=4, label="||A^_w^2||, power")
     ax.plot(n["gap"], n["norm_exact"], "o", color="tab:green", ms=3, label="||A^_w||, exact sigma")
@@ -256,7 +256,8 @@ def _normalisation_panel(ax, n: dict) -> None:
     ax.set_ylim(
         top=top + 0.6 * (top - bottom)
     )  # the upper part of the panel holds the legend, above the data
-    ax.legend(fontsize=6, loc="upper left", ncol=2)
+    # one column: two ran past the panel's right edge into panel (c)'s axis label
+    ax.legend(fontsize=6, loc="upper left", ncol=1)
 
 
 def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:

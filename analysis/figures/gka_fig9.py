@@ -178,22 +178,21 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
         axes[0][0].plot(its, C.positive(d["bound"]), color=col, lw=0.7, ls=(0, (1, 3)))
         axes[0][1].axhline(d["true_floor_median"], color=col, lw=0.8, ls=(0, (1, 3)))
     # the rounding floor of each plotted precision (q has unit norm): below u_store ||q|| the
-    # stored q itself is unresolved, so a plateau there is rounding, not a slow iteration
+    # stored q itself is unresolved, so a plateau there is rounding, not a slow iteration. Grey,
+    # in the precision's line style, named in the shared legend (a label inside the panel sat
+    # on the bf16 plateaus and was crossed by the curves)
     for label in PLOTTED:
-        u = by_label(label).u_store
-        C.rounding_floor(axes[0][0], u, label=None)
-        axes[0][0].annotate(
-            f"rounding floor u_store ||q||, {label}",
-            (its[-1], u),
-            xytext=(-2, -2),
-            textcoords="offset points",
-            ha="right",
-            va="top",
-            fontsize=6,
-            color="0.35",
+        axes[0][0].axhline(
+            by_label(label).u_store,
+            color="0.45",
+            lw=0.9,
+            ls=C.PRECISION_STYLES[label],
+            zorder=1,
+            label=f"rounding floor u_store ||q||, {label}",
         )
     # both panels draw the same eight series: one legend below them, where it covers no data
-    # (inside a panel it hid the a = 0.01 and 0.02 curves of the first iterations)
+    # (inside a panel it hid the a = 0.01 and 0.02 curves of the first iterations); it also
+    # names the two rounding floors
     C.finish_axis(
         axes[0][0],
         xlabel="iteration i",
@@ -215,7 +214,7 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
         NAME,
         f"GKA Fig. 9: B={s['B']}, T={s['T']}, heads={s['heads']}, D={s['D']}",
         legend_from=axes[0][0],
-        legend_cols=4,
+        legend_cols=5,
     )
     rows = []
     for key, d in data["ridges"].items():

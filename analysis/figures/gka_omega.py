@@ -196,11 +196,15 @@ def render(out_dir: pathlib.Path, params: dict, data: dict) -> list:
         ylabel="gap ratio g_i / g_{i-1}",
         logy=False,
         title="one-step ratio of g_i = omega_i - omega_1* (dashed: R, dotted: R_a^2)",
-        legend_size=6,
+        legend=False,
     )
+    # two rows at the right, between the smallest kappa's ratio and its R: loc="best" put four
+    # rows in the lower left, over the first iterations of kappa = 11
+    ax.legend(fontsize=6, loc="lower right", bbox_to_anchor=(1.0, 0.07), ncol=2)
     ax = axes[0][2]
     d = data["kappas"][str(REMARK1_KAPPA)]
-    ax.plot(its, C.positive(d["gap"]), color="black", lw=1.6, label="exact")
+    # wide and light underneath: float64 follows it to ~1e-16, so a thin black line was hidden
+    ax.plot(its, C.positive(d["gap"]), color="0.7", lw=4.0, zorder=1, label="exact (mpmath)")
     for label, gap in d["computed"].items():
         ax.plot(
             its,
