@@ -48,7 +48,6 @@ from solvers.gka import LayerInputs, check_frobenius, check_ridge_in, validate_i
 from solvers.solve_info import Status, nonfinite_status, worst_status
 
 from . import _launch as launch
-from . import gka_layer_bwd_triton as bwd_triton
 from . import gka_layer_wgmma as wgmma
 from .gka_layer_bwd import chunked, implicit_backward, reverse_cumsum, transposed_state_products
 from .gka_layer_carry import carry_backwards
@@ -81,9 +80,6 @@ def solve_launch(num_warps: int, maxnreg=None) -> dict:
 # 128, no gates, a Hopper GPU, the default chunk size), else the Triton solve kernel; "triton" --
 # always the Triton kernel (benchmarks and tests compare the two).
 SOLVE_KERNEL = "auto"
-# The backward's implementation: "triton" (fused kernels, kernels/gka_layer_bwd_triton.py) or
-# "pytorch" (the formulas they fuse, kernels/gka_layer_bwd.py; the benchmark's comparison row).
-BACKWARD = "triton"
 # Default chunk per contract: float32 operands need four times the shared memory of bf16 ones.
 DEFAULT_CHUNK = {"bfloat16/operands": 32, "float32/ieee": 32, "float32/tf32x3": 16}
 STATES_BLOCK_J = 32
@@ -384,25 +380,11 @@ def _unbroadcast(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract):
-    """dq, dk, dv, dg, dbeta as flat padded ``(N, Tp, .)`` float32 tensors (module docstring), by
-    the fused Triton kernels (kernels/gka_layer_bwd_triton.py) or, with ``BACKWARD = "pytorch"``,
-    by the PyTorch formulas they fuse (kernels/gka_layer_bwd.py)."""
+    """dq, dk, dv, dg, dbeta as flat padded ``(N, Tp, .)`` float32 tensors (module docstring)."""
     prec = CONTRACTS[contract]
     layer = dy2 is not None
     H0, U0 = chunk_states(p, torch.float32, prec, with_u=layer)
     C = p.C
-    if BACKWARD == "triton":
-        if layer:
-            dx2 = bwd_triton.dx_from_dy(p.k, p.v, dy2, p.G, p.beta, U0, C)
-        dq2, _, _, _ = solve_chunks(
-            p, dx2.contiguous(), H0, None, a=a, iters=iters, prec=prec, x_dtype=torch.float32
-        )
-        dk, dv, dbeta, dG = bwd_triton.implicit_backward_fused(
-            k=p.k, x=x2, dq=dq2, fro=fro2, G=p.G, beta=p.beta, S=H0, a=a, C=C,
-            v=p.v if layer else None, dy=dy2, R=U0,
-        )  # fmt: skip
-        dG[:, p.T :] = 0.0
-        return dq2, dk, dv, reverse_cumsum(dG[:, : p.T]), dbeta
     K, G = chunked(p.k.float(), C), chunked(p.gates(), C)
     beta = None if p.beta is None else chunked(p.beta.float(), C)
     V = dY = None

@@ -349,16 +349,11 @@ def broken_gka_backward(variant):
         )
     if variant == "dq_without_solve":
         patch = mock.patch.object(mod, "solve_chunks", _dq_without_solve(mod.solve_chunks))
-    elif variant == "dk_without_lambda":  # a = 0 in both backwards' formulas (w_t = 0)
-        original, fused = mod.implicit_backward, mod.bwd_triton.implicit_backward_fused
-        with (
-            mock.patch.object(mod, "implicit_backward", lambda **kw: original(**{**kw, "a": 0.0})),
-            mock.patch.object(
-                mod.bwd_triton, "implicit_backward_fused", lambda **kw: fused(**{**kw, "a": 0.0})
-            ),
-        ):
-            yield
-        return
+    elif variant == "dk_without_lambda":
+        original = mod.implicit_backward
+        patch = mock.patch.object(
+            mod, "implicit_backward", lambda **kw: original(**{**kw, "a": 0.0})
+        )
     else:
         patch = mock.patch.object(mod, "reverse_cumsum", lambda x: -reverse_cumsum(x))
     with patch:
