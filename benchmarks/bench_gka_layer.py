@@ -204,10 +204,13 @@ def _run_contract(q, k, v, dy, ref, results, contract, tag):
         with patched(mod, "SOLVE_KERNEL", "triton"):
             results[f"ours layer fwd+bwd {tag} kernel=triton"] = timed(fwd_bwd, reps=5, warm=1)
     if contract == "bfloat16/operands":  # the backward's chunk carry by the PyTorch loop, as before
-        from kernels.gka_layer_bwd import _carry_backwards
+        from kernels.gka_layer_bwd import _carry_backwards, _symmetric_carry
 
         with patched(mod, "carry_backwards", _carry_backwards):
-            results[f"ours layer fwd+bwd {tag} carry=pytorch-loop"] = timed(fwd_bwd, reps=5, warm=1)
+            with patched(mod, "symmetric_carry", _symmetric_carry):
+                results[f"ours layer fwd+bwd {tag} carry=pytorch-loop"] = timed(
+                    fwd_bwd, reps=5, warm=1
+                )
 
 
 def run_materialised(q, k, ref, results):

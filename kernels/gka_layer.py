@@ -50,7 +50,7 @@ from solvers.solve_info import Status, nonfinite_status, worst_status
 from . import _launch as launch
 from . import gka_layer_wgmma as wgmma
 from .gka_layer_bwd import chunked, implicit_backward, reverse_cumsum, transposed_state_products
-from .gka_layer_carry import carry_backwards
+from .gka_layer_carry import carry_backwards, symmetric_carry
 from .gka_layer_fwd import solve_kernel, states_kernel
 from .kla import PRECISIONS
 
@@ -410,6 +410,7 @@ def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract):
         dY=dY,
         R=U0,
         carry=carry_backwards,
+        symmetric_carry=symmetric_carry,
     )
     flat = lambda t: None if t is None else t.reshape(t.shape[0], -1, *t.shape[3:])  # noqa: E731
     dG = flat(dG)

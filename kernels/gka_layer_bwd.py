@@ -70,14 +70,11 @@ def _carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Ten
     return out
 
 
-def _accumulate_products(acc: torch.Tensor, *products) -> torch.Tensor:
-    """``acc + sum_p A_p @ B_p`` over batched matrices ``(..., m, n)``, each product added in place
-    by ``Tensor.baddbmm_`` (the out-of-place form copies ``acc`` first). ``acc``: contiguous,
-    owned by the caller, overwritten."""
-    out = acc.view(-1, *acc.shape[-2:])
-    for A, B in products:
-        out.baddbmm_(A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:]))
-    return acc
+def _symmetric_carry(delta, S, c, decay_last):
+    """``P + P^T`` for ``P = _carry_backwards(delta + c S, decay_last)``: the reference form of
+    ``kernels.gka_layer_carry.symmetric_carry``. c ``(N, NC)``."""
+    P = _carry_backwards(delta + c[..., None, None] * S, decay_last)
+    return P + P.transpose(-1, -2)
 
 
 def implicit_backward(
@@ -95,6 +92,7 @@ def implicit_backward(
     R=None,
     absolute: bool = False,
     carry=_carry_backwards,
+    symmetric_carry=_symmetric_carry,
 ):
     """dk, dv, dbeta and the per-token dG of the module docstring, all chunked.
 
@@ -104,8 +102,12 @@ def implicit_backward(
     k = v = 0, dQ = dY = 0 and a finite fro > 0. Returns ``(dk, dv, dbeta, dG)`` (dv None
     without V). ``absolute=True`` (with entrywise absolute values as inputs) adds every term
     instead of subtracting: the sums of the terms' magnitudes, which rounding bounds scale with.
-    ``carry(delta, decay_last)``: the walk that forms ``P_end`` and ``Q_end`` (default the PyTorch
-    loop :func:`_carry_backwards`; the kernels pass ``kernels.gka_layer_carry.carry_backwards``).
+    ``carry(delta, decay_last)``: the walk that forms ``Q_end`` (default the PyTorch loop
+    :func:`_carry_backwards`; the kernels pass ``kernels.gka_layer_carry.carry_backwards``);
+    ``symmetric_carry(delta, S, c, decay_last)``: ``P_end + P_end^T`` for ``P_end`` the carry of
+    ``delta + c S`` (default :func:`_symmetric_carry`; the kernels pass
+    ``kernels.gka_layer_carry.symmetric_carry``). Only that sum enters: ``P k + P^T k`` in dk and
+    ``k^T P k = k^T (P + P^T) k / 2`` in dbeta.
     """
     sgn = 1.0 if absolute else -1.0
     M, _, zeta = _decays(G)
@@ -119,22 +121,19 @@ def implicit_backward(
     KX = M * (K @ X.transpose(-1, -2))  # [i, c] = M_{i,c} k_i . x_c
     s = (zeta * zeta * w).sum(-1)
     coef = b if beta is None else beta * b
-    # sum_c zeta_c dH_c = sgn ((dQ . zeta)^T X + (s S + K^T (coef K)) / 2), built in place: the
-    # (D, D) terms are the largest tensors of the backward (one pass each), so the two products
-    # accumulate into the scaled state in their GEMMs' epilogues (halving is exact)
+    # sum_c zeta_c dH_c = sgn ((dQ . zeta)^T X + (s S + K^T (coef K)) / 2): its two products as
+    # one (the operands side by side), the (D, D) s S term added inside the carry (halving is
+    # exact); the (D, D) tensors are the largest of the backward, each pass over them counts
     half = 0.5 * sgn
-    dH_sum = _accumulate_products(
-        (half * s)[..., None, None] * S,
-        (K.transpose(-1, -2), (half * coef).unsqueeze(-1) * K),
-        ((sgn * dQ * zeta.unsqueeze(-1)).transpose(-1, -2), X),
-    )
-    P_end = carry(dH_sum, decay_last)
-    Pk = sgn * (KX @ dQ + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end.transpose(-1, -2))
-    PTk = sgn * ((M * (K @ dQ.transpose(-1, -2))) @ X + 0.5 * wH_k) + e.unsqueeze(-1) * (K @ P_end)
-    kPk = (K * Pk).sum(-1)
+    left = torch.cat([K, sgn * dQ * zeta.unsqueeze(-1)], -2).transpose(-1, -2)  # (D, 2C)
+    right = torch.cat([(half * coef).unsqueeze(-1) * K, X], -2)  # (2C, D)
+    KSig = e.unsqueeze(-1) * (K @ symmetric_carry(left @ right, S, half * s, decay_last))
+    Pk = sgn * (KX @ dQ + 0.5 * wH_k)
+    PTk = sgn * ((M * (K @ dQ.transpose(-1, -2))) @ X + 0.5 * wH_k)
+    kPk = (K * (Pk + 0.5 * KSig)).sum(-1)
     HX = state_products(X, K, K, G, beta, S)
     own = sgn * ((dQ * HX).sum(-1) + 0.5 * w * fro * fro)
-    dk_sum = Pk + PTk
+    dk_sum = Pk + PTk + KSig
     dv = None
     vQk = torch.zeros_like(kPk)
     if V is not None:

@@ -342,12 +342,58 @@ def test_carry_kernel_is_the_loop(gated):
     assert not torch.equal(want[:, :-1], torch.zeros_like(want[:, :-1]))
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_symmetric_carry_kernel_is_the_loop(gated):
+    """kernels.gka_layer_carry.symmetric_carry forms ``P + P^T``, P the PyTorch loop's carry of
+    ``delta + c S``, in another order: within gamma_{6 NC}(u_32) times the same carry of the
+    magnitudes (each of the NC steps rounds at most six times: the two mirrored sums, the
+    scaling by c, the sum, the decay and the carry's add), against float64."""
+    from kernels.gka_layer_bwd import _symmetric_carry
+    from kernels.gka_layer_carry import SYM_TILE, symmetric_carry
+
+    gen = torch.Generator().manual_seed(5)
+    N, NC, D = 2, 6, SYM_TILE + 7  # two tiles a side, the second partly masked
+    delta = torch.randn(N, NC, D, D, generator=gen)
+    S = torch.randn(N, NC, D, D, generator=gen)
+    c = torch.randn(N, NC, generator=gen)
+    decay = torch.exp(-3 * torch.rand(N, NC, generator=gen)) if gated else None
+    got = symmetric_carry(
+        delta.to(DEVICE), S.to(DEVICE), c.to(DEVICE), None if decay is None else decay.to(DEVICE)
+    ).cpu()
+    f64 = lambda t: None if t is None else t.double()  # noqa: E731
+    ones = torch.ones(N, NC, dtype=F64)
+    want = _symmetric_carry(f64(delta), f64(S), f64(c), ones if decay is None else f64(decay))
+    ab = _symmetric_carry(
+        f64(delta).abs(), f64(S).abs(), f64(c).abs(), ones if decay is None else f64(decay)
+    )
+    assert ((got.double() - want).abs() <= gamma(6 * NC, 2.0**-24) * ab).all()
+    assert torch.equal(got, got.transpose(-1, -2))  # each entry carried once, mirrored
+    assert torch.equal(got[:, -1], torch.zeros_like(got[:, -1]))  # nothing after the last chunk
+
+
 def test_broken_carry_fails(monkeypatch):
     """The backward check catches a carry that includes the chunk's own sum (off by one chunk)."""
     x = make_case(9, gates=True)
     assert _backward_excess(x) <= 1.0  # GRAD
     original = mod.carry_backwards
     monkeypatch.setattr(mod, "carry_backwards", lambda delta, decay: original(delta, decay) + delta)
+    assert _backward_excess(x) > 1.0
+
+
+def test_broken_symmetric_carry_fails(monkeypatch):
+    """... and a carry of P that includes the chunk's own sum (off by one chunk)."""
+    x = make_case(9, gates=True)
+    original = mod.symmetric_carry
+    monkeypatch.setattr(
+        mod,
+        "symmetric_carry",
+        lambda d, S, c, decay: (
+            original(d, S, c, decay)
+            + d
+            + d.transpose(-1, -2)
+            + c[..., None, None] * (S + S.transpose(-1, -2))
+        ),
+    )
     assert _backward_excess(x) > 1.0
 
 
