@@ -299,6 +299,18 @@ def _stats_without_eps(orig):
     return broken
 
 
+def _stats_mean_gram(orig):
+    def broken(case):
+        s = orig(case)
+        T = len(case["Z"])
+        return {
+            **s,
+            "Gt": s["G"] / T + mpmath.mpf(case["eps"]) * mpla.eye(s["G"].rows),
+        }  # mean, not sum
+
+    return broken
+
+
 def _koopman_stats_without_eps(orig):
     return lambda z, v, **k: orig(z, v, **{**k, "eps": k.get("eps", 1e-3) / 2})
 
@@ -358,6 +370,10 @@ def _ridge_readout_is_linear(impl):
 
 def _balanced_without_max(z, a=1, b=1):
     return 1 - 1 / (mpmath.mpf(a) * z**2 + mpmath.mpf(b))
+
+
+def _stablessm_missing_square(w, a, b):
+    return 1 - 1 / (mpmath.mpf(a) * abs(w) + mpmath.mpf(b))
 
 
 def _balanced_derivative_missing_2(z, a=1, b=1):
@@ -690,6 +706,26 @@ VARIANTS = (
         },
     ),
     Broken(
+        "gram_mean_not_sum",
+        "G~ = (1/T) sum z z^T + eps I (the mean Gram, whose lambda_min can fall)",
+        ("echo.s322.conditioning",),
+        _wrap("stats_mp", _stats_mean_gram),
+        examples=({"Z": ((1.0,), (0.0,)), "V": ((0.0,), (0.0,)), "q": (0.0,), "eps": 1.0},),
+    ),
+    Broken(
+        "c1_bound_constant",
+        "eq. (33) replaced by 0 (a bound that cannot grow: makes the refuted extension hold)",
+        ("echo.s322.c1_growth",),
+        _with(c1_bound_mp=lambda EM, EG, A, Gt, Gh: mpmath.mpf(0)),
+    ),
+    Broken(
+        "statistics_bound_zero",
+        "theta = 0: the stored statistics taken as exact in the working precision",
+        ("echo.s322.exact_stats",),
+        _with(statistics_bound=lambda n, ar, r: 0.0),
+        precision="float32",
+    ),
+    Broken(
         "c4_bound_without_EM",
         "eq. (45) without its E_M term",
         ("echo.c4",),
@@ -850,6 +886,12 @@ VARIANTS = (
         _with(
             stablessm_continuous_mp=lambda w, a, b: -1 / (mpmath.mpf(a) * abs(w) + mpmath.mpf(b))
         ),
+    ),
+    Broken(
+        "stablessm_discrete_missing_square",
+        "f*(w) = 1 - 1/(a|w| + b)",
+        ("gates.stablessm_discrete.scale",),
+        _with(stablessm_mp=_stablessm_missing_square),
     ),
     Broken(
         "sigmoid_sign_flipped",

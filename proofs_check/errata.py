@@ -141,10 +141,11 @@ ERRATA = (
         ("gka.remark2.stability.printed",),
         "numerical",
         """
-        GKA appendix E.1, Remark 2 and eq. (47): the reversal is not numerically stable
+        GKA appendix E.1, Remark 2: reversing (49) is not numerically stable (recovering the weights by (47) is worse)
 
-        Why: Exact in exact arithmetic; in floating point both reversals (iterates by (49), weights by (47)) amplify
-        rounding by about R_a^-r and R_a^-2r.
+        Why: Remark 2 claims only that reversing (49) 'can be done stably'; exact in exact arithmetic, in floating point
+        it amplifies rounding by about R_a^-r, and recovering the weights by (47) (not claimed stable) by about
+        R_a^-2r.
 
         Magnitude: At D = 128, kappa = 51, r = 30 (Algorithm 2 corrected, against the mpmath gradient of the loop):
         float32 dq 4.4e-3 (autograd 3.9e-7); bf16 storage dH 8.4e-2 (autograd 1.1e-2); bf16 strict dq 73 (autograd
@@ -173,17 +174,19 @@ ERRATA = (
         "gka-eq15-sign",
         "gka",
         ("gka.eq15.printed",),
-        "substantive",
+        "wording",
         """
         GKA appendix D.2, eq. (15): "+ w_t H_t" should be "- w_t H_t" (main text (7) is right)
 
-        Why: The appendix's final formula, said to prove Lemma 1, has the opposite sign of the w_t H_t term; (13)
-        gives the minus, and so does the main text.
+        Why: A proof step: (15) is the last line of App. D.2's derivation ('which proves Lemma 1') and has the opposite
+        sign of the w_t H_t term, while Lemma 1's (7), the (13) and (14) it follows from, and the boxed (40) all have
+        -w_t H_t; nothing the paper computes uses (15).
 
         Magnitude: dk relative error 0.20 (gates in [0.9, 1]) and 0.40 (gates in [0.99, 1]) at D = 128, T = 256, a =
         0.02. Toy: 1.00 at T = 6, D = 4.
 
-        Affected: Only readers implementing the key gradient from App. D.2; Lemma 1 in the main text is right.""",
+        Affected: Only readers who implement the key gradient from (15) instead of Lemma 1's (7): their dk would be off
+        by the sizes above.""",
         command=_m("gka_eq15"),
     ),
     _story(
@@ -224,14 +227,16 @@ ERRATA = (
         "gka-chunk-matvec",
         "gka",
         ("gka.chunk_matvec.printed",),
-        "substantive",
+        "wording",
         """
         GKA Sec. 4.2.1: "H_{[t]+1} xi via H_{[t]} xi + gamma_1 k k^T xi" puts the decay on the wrong term
 
-        Why: (CH) is H_t = gamma_t H_{t-1} + k_t k_t^T: the gate multiplies the state, not the new key.
+        Why: An illustrative sentence ('for example, we can compute ... via ...') puts the gate on the new key; (CH)
+        printed just above (H_t = gamma_t H_{t-1} + k_t k_t^T) and H_c = zeta_c H_0 + sum_j M_{j,c} k_j k_j^T right
+        after are correct, and nothing the paper computes uses the sentence.
 
-        Magnitude: Relative error of H_{[t]+1} xi 0.11 (gamma = 0.9) and 1.0e-2 (gamma = 0.99) with a 64-token chunk
-        state, D = 128. Toy: 0.25 (2.5 vs 2.0) at D = 1.
+        Magnitude: An implementation following the sentence would get H_{[t]+1} xi with relative error 0.11 (gamma =
+        0.9) and 1.0e-2 (gamma = 0.99) with a 64-token chunk state, D = 128. Toy: 0.25 (2.5 vs 2.0) at D = 1.
 
         Affected: Implementations of the chunkwise forward that follow this sentence; eq. (5) itself is right.""",
         command=_m("gka_chunk_matvec"),
@@ -275,7 +280,8 @@ ERRATA = (
         ("gka.gdn_step.printed",),
         "wording",
         """
-        GKA Sec. 2, (GDN) and eq. (2): one gradient step on eq. (2) has step 2 beta_t, not beta_t
+        GKA Sec. 2, (GDN) and eq. (2): (GDN) is a gradient step of size beta_t/2 on eq. (2) (beta_t on (1/2)||S k -
+        v||^2), not beta_t
 
         Why: An interpretive sentence misses the factor 2 of the gradient of ||S k - v||^2 (the usual 1/2
         convention); the (GDN) recurrence itself is right.
@@ -455,18 +461,21 @@ ERRATA = (
         "echo-layer-gram",
         "echo",
         ("echo.s323.layer_estimator.printed",),
-        "substantive",
+        "wording",
         """
-        Echo eqs. (4), (53) vs Prop. A.1: the layer's G includes the last token
+        Echo eqs. (4), (53) vs Prop. A.1: the layer's operator is not A.1's least-squares estimator (its G includes
+        the last token)
 
-        Why: The layer's M G~^{-1} is presented as Prop. A.1's least-squares estimator but its G sums z_T z_T^T,
-        which has no successor: it minimises a different objective.
+        Why: The paper never states that the layer's M G~^{-1} is the minimiser of Prop. A.1's objective (SKA 'adapts
+        the same least-squares estimation structure', Sec. 2.3; 'fits a whitened Koopman operator', abstract); read
+        so, it is not: its G sums z_T z_T^T (shared with B_v by design), so it minimises the objective with ||A
+        z_T||^2 added; Props. A.2, A.3 and C.1 hold for any M, G.
 
-        Magnitude: Relative difference of the operators at r = 48 (AR(1) keys, eps = 1e-3): 31% at T = 64, 4.7% at T
-        = 256, 0.6% at T = 1024 (O(r/T)). Toy: 58% at T = 12, r = 4.
+        Magnitude: What differs: the layer's operator and A.1's estimator at r = 48 (AR(1) keys, eps = 1e-3): 31% at T
+        = 64, 4.7% at T = 256, 0.6% at T = 1024 (O(r/T)). Toy: 58% at T = 12, r = 4.
 
-        Affected: Short prefixes and chunk-causal chunks (T of a few r); negligible for long sequences. Every user
-        of the layer as printed gets the layer's operator, not the least-squares one.""",
+        Affected: Readers who take the layer's operator for A.1's estimator (short prefixes and chunk-causal chunks,
+        T of a few r); the layer computes what eqs. (4) and (53) define.""",
         command=_m("echo_layer_estimator"),
     ),
     _story(
@@ -478,10 +487,12 @@ ERRATA = (
         Echo eq. (11) vs eq. (22): "A_w" names two different operators
 
         Why: Eqs. (12)-(13) normalise and apply 'A_w' to the whitened query; with eq. (11)'s A_w = M G^{-1} (not the
-        whitened L^{-1} M L^{-T} of eq. (22)) the readout is wrong.
+        whitened L^{-1} M L^{-T} of eq. (22), App. F and Sec. 6.1) the readout is wrong, and Remark 4's 'gradient
+        spikes ... when the unnormalized operator has sigma_max >> 1' fits only eq. (11)'s operator.
 
-        Magnitude: Readout relative difference 20% at r = 48, T = 1024 (AR(1) keys, K = 2, exact sigma). Toy: 59% at
-        T = 30, r = 6.
+        Magnitude: Readout relative difference 20% at r = 48, T = 1024 (AR(1) keys, K = 2, exact sigma). Over 2000
+        random SKA statistics (r <= 16, T <= 64) max ||M G~^{-1}|| = 18.2 against max ||A_w|| = 0.9997 (<= 1 -
+        eps/lambda_max(G~) < 1). Toy: 59% at T = 30, r = 6.
 
         Affected: Implementations built from Sec. 3.2.3 alone; App. F's algorithm uses the whitened operator and is
         right.""",
@@ -574,37 +585,6 @@ ERRATA = (
         command=_m("echo_chunk_causal"),
     ),
     _story(
-        "echo-conditioning",
-        "echo",
-        ("echo.s322.conditioning.printed",),
-        "wording",
-        """
-        Echo section 3.2.2: longer sequences do not give better-conditioned Gram matrices
-
-        Why: 'Better-conditioned' read as the Gram condition number is false (it can grow with T), but the mechanism
-        the sentence gives, lambda_min(G~) never decreasing so that Theorem C.1's bound never grows, holds.
-
-        Magnitude: n/a: wording (the mechanism the sentence gives holds).
-
-        Affected: Nobody.""",
-    ),
-    _story(
-        "echo-exact-stats",
-        "echo",
-        ("echo.s322.exact_stats.printed",),
-        "wording",
-        """
-        Echo section 3.2.2: the statistics are "exact regardless of how many tokens" only in exact arithmetic
-
-        Why: 'Exact' means sufficient (nothing is lost to compression), not free of floating-point rounding; each
-        entry carries the rounding of a T-term sum.
-
-        Magnitude: n/a: wording ('exact' as sufficient; the rounding of the float32 sums, ~(T + 3) u, is
-        within analysis.references.koopman.statistics_bound).
-
-        Affected: Nobody: the FP32 sums are accurate to ~T u.""",
-    ),
-    _story(
         "echo-jacobian-rank",
         "echo",
         ("echo.s323.jacobian_full_rank.printed",),
@@ -618,18 +598,20 @@ ERRATA = (
         Magnitude: n/a: degenerate (one token, P < r, or values spanning fewer than r directions; at the
         paper's P = 64 >= r = 48 the rank is r generically).
 
-        Affected: Nobody at the paper's sizes beyond the first token.""",
+        Affected: Chunk-causal training (LM): chunk 0 has G = eps I, M = C_v = 0, so J = 0 for the first S = 64
+        positions; beyond them nobody at the paper's sizes.""",
     ),
     _story(
         "echo-rotation",
         "echo",
         ("echo.s33.rotation.printed",),
-        "substantive",
+        "wording",
         """
         Echo section 3.3: the Koopman MLP's R is orthogonal only when every |lambda_i| = 1
 
-        Why: Each block is |lambda_i| times a rotation and the modulus is clamped to <= 1, so sigma_min(R) = min
-        |lambda_i| and R is norm-preserving only on the unit circle.
+        Why: A sentence of Sec. 3.3: each block is |lambda_i| times a rotation and the modulus is clamped to <= 1, so
+        sigma_min(R) = min |lambda_i|; the paper's own App. J.4, Prop. J.7, states it correctly (||R||_2 = max rho_i <=
+        1, 'not orthogonal unless rho_i = 1 for every block'), and the bounds it derives (J.8, J.9) use that.
 
         Magnitude: sigma_min(R) = min_i |lambda_i| per layer; the paper prints no learned moduli, so the size
         in its trained models cannot be computed. At d_k = 2048 with one mode at |lambda| = 0.5: sigma_min(R)
@@ -653,24 +635,6 @@ ERRATA = (
         Magnitude: n/a: wording (a minimax statement read as one for every query).
 
         Affected: Nobody.""",
-    ),
-    _story(
-        "echo-table3-mean",
-        "echo",
-        ("echo.reported.table3_mean.printed",),
-        "wording",
-        """
-        Echo Table 3: the "Mean" row is not the mean of the task rows
-
-        Why: The unweighted mean of the rows is 53.3 / 75.7 / 80.5, but the caption averages over lengths and KV
-        counts, so a pooled mean over cells of unequal size (counts not printed) is possible: undecidable, not shown
-        wrong.
-
-        Magnitude: The printed Mean row is above the mean of the six task rows by 1.07 (SSM), 0.55 (SSM+Attn)
-        and 0.60 (SSM+SKA) points; the ranking is the same.
-
-        Affected: Nobody: the ranking is the same.""",
-        command=_m("echo_table3_mean"),
     ),
     _story(
         "echo-hellaswag",
@@ -715,8 +679,8 @@ ERRATA = (
         Why: One rank-one update per token and one O(r^3) Cholesky per chunk cost T r^2 + ceil(T/S) r^3, linear in
         T; the printed O(T r^2/S + r^3) is neither.
 
-        Magnitude: At r = 48, S = 64: actual / printed cost = 45x at T = 2048 and 107x at T = 65536; doubling T
-        doubles the cost.
+        Magnitude: Doubling T doubles the cost (cost(2T)/cost(T) = 2 at T = 2048 and 65536, r = 48, S = 64), and the
+        printed T-term T r^2/S is S = 64 times smaller than the statistics cost T r^2 alone.
 
         Affected: Cost estimates for long-context training.""",
         command=_m("echo_complexity"),
@@ -725,14 +689,15 @@ ERRATA = (
     _story(
         "gates-balanced-scale",
         "gates",
-        ("gates.balanced.scale.printed", "gates.stablessm_discrete.scale.printed"),
+        ("gates.balanced.scale.printed",),
         "substantive",
         """
         Proposal, "Gradient scale": |phi'(z)|/phi(z)^2 is not 2a|z| for phi = 1 - 1/(a z^2 + b)
 
-        Why: |phi'|/phi^2 = 2a|z|/(a z^2 + b - 1)^2 (2/|z|^3 for a = b = 1); the quantity equal to 2a|z| is
-        |phi'|/(1 - phi)^2. The proposal's central premise, a balanced gradient-over-weight ratio, is false for the
-        gate it proposes.
+        Why: |phi'|/phi^2 = 2a|z|/(a z^2 + b - 1)^2 (2/|z|^3 for a = b = 1), and the comparison table computes the
+        sigmoid's row with the same |phi'|/phi^2, so the printed table is wrong in exact arithmetic under either
+        ratio; the premise survives with StableSSM's discrete-time |phi'|/(1 - phi)^2, which is 2a|z| for phi and
+        e^z (unbounded) for the sigmoid.
 
         Magnitude: At the proposal's a = b = 1: alpha = 0.99 (z = 9.95) has |phi'|/phi^2 = 2.0e-3 against the
         printed 20 (1e4x); alpha = 0.5 (z = 1): 2 = 2 (the only agreement).
@@ -778,17 +743,20 @@ ERRATA = (
         "gates-log-domain",
         "gates",
         ("gates.log_domain.printed",),
-        "substantive",
+        "numerical",
         """
-        Proposal, log-space paragraphs: log phi(z) is -inf at z = 0, unlike the sigmoid
+        Proposal, log-space paragraphs: log phi(z) is -inf near z = 0 in floating point, unlike the sigmoid
 
-        Why: With the proposal's default b = 1, phi(0) = 0 exactly, so log phi = -inf at a finite pre-activation and
-        its derivative 2/(z(1 + z^2)) is unbounded near 0; the sigmoid's log is finite everywhere.
+        Why: In exact arithmetic it fails only at the single point z = 0 (phi(0) = 0 with the default b = 1); evaluated
+        as printed, z^2 + 1 rounds to 1 for small z, so log phi is -inf on a band of pre-activations, while the
+        sigmoid's log is finite everywhere.
 
-        Magnitude: At a = b = 1: log phi(0) = -inf (cumulative G_c = -inf, G_c - G_j = NaN); d log phi/dz = 2000 at
-        z = 1e-3.
+        Magnitude: At a = b = 1, log(1 - 1/(z^2 + 1)) evaluated as printed is -inf for |z| <= 2^-12 = 2.4e-4 in
+        float32 (1.9e-4 of N(0, 1) pre-activations) and |z| <= 2^-4 = 0.0625 in bf16 (5% of them); a -inf makes the
+        cumulative G_c -inf and G_c - G_j NaN.
 
-        Affected: Log-space chunked implementations with b = 1 (any pre-activation at or near 0); b > 1 avoids it.""",
+        Affected: Log-space chunked implementations with b = 1 that evaluate log phi as printed; b > 1, or log(z^2) -
+        log(z^2 + 1) computed without the cancellation, avoids it.""",
         command=_m("gates_log_domain"),
     ),
     _story(
@@ -799,10 +767,9 @@ ERRATA = (
         """
         Proposal, background: f*(w) = 1 - 1/(a w^2 + b) maps into (-1, 1) only for b > 1/2
 
-        Why: At w = 0, f* = 1 - 1/b: -1 at b = 1/2, -3 at b = 1/4; the proposal's default b = 1 (and StableSSM's b >
-        1/2) is inside.
+        Why: At w = 0, f* = 1 - 1/b: -1 at b = 1/2, -3 at b = 1/4; the proposal's default b = 1 is inside.
 
-        Setting: b > 1/2 (the proposal uses b = 1)
+        Setting: the proposal's b = 1 (it states only a, b > 0)
 
         Magnitude: None at the proposal's b = 1 (range [0, 1)); the range's lower end 1 - 1/b is -1 at b = 1/2
         and -3 at b = 1/4.

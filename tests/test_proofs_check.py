@@ -81,7 +81,7 @@ def test_main_exit_status_and_table(capsys, monkeypatch):
         == 0
     )
     out = capsys.readouterr().out
-    assert "gka.lemma3" in out and "fails as printed (substantive), corrected form holds" in out
+    assert "gka.lemma3" in out and "fails as printed (wording), corrected form holds" in out
     claim = registry.get("gka.lemma3")
     monkeypatch.setitem(registry._CLAIMS, "gka.lemma3", dataclasses.replace(claim, expected=FAILS))
     assert runner.main(["--claim", "gka.lemma3", "--examples", "2", "--precision", "mp"]) == 1

@@ -9,7 +9,7 @@ from proofs_check import registry, runner
 from proofs_check.claim import FAILS, NO_INPUT, describe_case, is_named
 
 # one claim of each kind of case: a named tuple of fields, a single value, no input at all
-CLAIMS = ["gates.stablessm_discrete.scale", "gates.balanced.scale", "gka.remark1.values"]
+CLAIMS = ["gates.stablessm_discrete.range", "gates.balanced.scale", "gka.remark1.values"]
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,9 @@ def test_every_recorded_failure_names_its_fields():
 
 def test_failing_rows_print_the_case_and_the_measurement(results):
     text = runner.format_table(results, width=100)
-    assert "gates.stablessm_discrete.scale.printed [mp] counterexample: w=2.0, a=1.0, b=1.0" in text
+    assert (
+        "gates.stablessm_discrete.range.printed [mp] counterexample: w=0.0, a=1.0, b=0.25" in text
+    )
     assert "gates.balanced.scale.printed [float64] counterexample: z = 2.0" in text
     assert "counterexample: None" not in text
     assert f"gka.remark1.values.printed [mp] counterexample: {NO_INPUT}" in " ".join(text.split())

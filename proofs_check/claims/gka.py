@@ -562,8 +562,12 @@ def _check_lemma3(case, impl, prec) -> Measurement:
     Measured: mp: every inequality, held exactly (1e-30). Working precisions: the schedule solvers.chebyshev_weights
     computes (compute dtype) is non-increasing and >= omega_1*(rounded rho^2) up to 3u omega <= 6u, and never exceeds 2.
 
-    Note: The proof's 'g(omega_i) <= 0' should read g(omega_{i-1}) <= 0 (typo; the statement is unaffected). At L = mu,
-    omega_i = 1 for i >= 1 and omega_1* is a 0/0: the lemma needs L > mu, as its proof assumes.
+    Note: The proof's 'g(omega_i) <= 0' should read g(omega_{i-1}) <= 0 (typo; the statement is unaffected). Its step
+    'omega_0 = 2 lies in the interval (omega_1*, omega_2*) where g(omega) decreases' is wrong as worded: g'(omega) =
+    2 rho^2 omega - 4 vanishes at 2/rho^2, strictly inside the interval (rho = 0.9: roots 1.393 and 3.545, vertex
+    2.469), so g decreases only on its left part; the step needs 'g < 0 there' (omega_1 - omega_0 = g(omega_0)/(4 -
+    rho^2 omega_0)), which holds between the roots, and the lemma follows. At L = mu, omega_i = 1 for i >= 1 and
+    omega_1* is a 0/0: the lemma needs L > mu, as its proof assumes.
     """
     (L, mu), r = case
     if prec == MP:

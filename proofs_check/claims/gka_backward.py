@@ -1071,6 +1071,9 @@ def _check_eq44_48(case, impl, prec) -> Measurement:
 
     Measured: mp: the recursion against Algorithm 1's iterates and the adjoint against mpmath.diff of <g, xi_r>, held to
     1e-30.
+
+    Note: Eq. (48) is printed as dH = -(2 omega_i/(L+mu)) dA_i with dA_i = d xi_i xi_{i-1}^T, with no sum over i; it is
+    read (and checked) as the sum over i = 1..r of these contributions.
     """
     with mpla.exact():
         A, q, g, L, mu, r = _mp_problem(case)

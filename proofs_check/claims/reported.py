@@ -323,45 +323,19 @@ def _echo_text(case, impl, prec) -> Measurement:
     return worst(parts)
 
 
-@formed
-def _table3_mean(form):
-    def check(case, impl, prec) -> Measurement:
-        cols = {
-            "SSM": "55.1 64.2 56.5 52.0 39.3 52.9",
-            "SSM+Attn": "76.0 81.3 76.2 81.1 71.1 68.2",
-            "SSM+SKA": "82.2 85.3 80.5 84.2 76.7 74.1",
-        }
-        printed = (
-            {"SSM": "54.4", "SSM+Attn": "76.2", "SSM+SKA": "81.1"}
-            if form == "printed"
-            else {"SSM": "53.3", "SSM+Attn": "75.7", "SSM+SKA": "80.5"}
-        )
-        return worst(
-            impl["agrees"](
-                sum(Fraction(x) for x in v.split()) / 6, printed[k], f"{k} mean of 6 tasks"
-            )
-            for k, v in cols.items()
-        )
+not_checkable(
+    "echo.reported.table3_mean",
+    paper="echo",
+    source="Echo Table 3 ('Mean' row; caption: 'Mean accuracy across all sequence lengths and KV counts')",
+    text="""
+    Mean accuracy over the six tasks: SSM 54.4, SSM+Attn 76.2, SSM+SKA 81.1.
 
-    return check
-
-
-echo_erratum(
-    Twin(
-        "echo.reported.table3_mean.printed",
-        source="Echo Table 3 ('Mean' row)",
-        statement="""Mean accuracy over the six tasks: SSM 54.4, SSM+Attn 76.2, SSM+SKA 81.1.""",
-        quantity="""the mean of each column's six task rows against the printed Mean.""",
-        note="""Not the mean of the five transfer tasks either (52.98, 75.58, 80.16).""",
-        examples=(None,),
-    ),
-    Twin(
-        "echo.reported.table3_mean.corrected",
-        source="Echo Table 3 (recomputed)",
-        statement="""The six-task means are 53.3, 75.7 and 80.5.""",
-        quantity="""as printed, with these values.""",
-    ),
-    check=_table3_mean,
+    Why: A pooled mean over the (length, KV count) cells of every task, whose numbers are not printed (Fig. 1 plots
+    the grids per task). It is not the unweighted mean of the six task rows (53.33, 75.65, 80.50), but one set of task
+    weights, the same for all three models (the same cell counts), reproduces all three printed means to +-0.05:
+    0.25, 0.18, 0.185, 0.145, 0.12, 0.12 (MQAR, SysPrompt, ToolTrace, NIAH, MultiHop, CommonWord; every task >= 0.12)
+    gives 54.39, 76.21, 81.10 (exact rational arithmetic; a linear program finds such weights with every task >= 0.13
+    too). So the row is consistent with the caption and cannot be shown wrong.""",
 )
 
 
