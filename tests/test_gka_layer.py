@@ -45,7 +45,9 @@ def check_against_truth(case, arith, solver, iters):
     ok_round = bool(
         (split["rounding"] <= layer_rounding_bound(truth, D, case.a, arith)).all()
     )  # ROUND
-    # TRUNC; attained when an eigenvalue sits at L (e.g. D = 1): both sides carry one float64 rounding
+    # TRUNC checks the a-priori bound on the exact r-step iterates (mpmath), not the implementation:
+    # split()["truncation"] does not depend on y (ROUND is the implementation's check). Attained
+    # when an eigenvalue sits at L (e.g. D = 1): both sides carry one float64 rounding
     tb = truncation_bound(solver, ridge_kappa(case.a), iters) * (1 + 4 * 2.0**-53)
     ok_trunc = bool((split["truncation"] <= tb).all())
     return ok_round, ok_trunc, truth, info
