@@ -43,19 +43,23 @@ def _kla_inputs(dtype=torch.float64):
     return q, k, v
 
 
+def _linear_calls(mod, H, q):
+    """Chebyshev, GD, AGD and CG of ``mod`` (solvers or kernels: the same signatures)."""
+    for name in ("chebyshev", "gd", "agd"):
+        yield (
+            name,
+            "return_info",
+            lambda f, name=name: getattr(mod, name)(H, q, L=2.0, mu=1.0, iters=2, return_info=f),
+        )
+    yield "cg", "return_info", lambda f: mod.cg(H, q, iters=2, return_info=f)
+
+
 def _reference_calls():
     H, q = _spd()
     gk = torch.randn(5, 3, dtype=torch.float64)
     A = torch.randn(4, 2, dtype=torch.float64)
     b = A @ torch.ones(2, dtype=torch.float64)
-    yield (
-        "chebyshev",
-        "return_info",
-        lambda f: solvers.chebyshev(H, q, L=2.0, mu=1.0, iters=2, return_info=f),
-    )
-    yield "gd", "return_info", lambda f: solvers.gd(H, q, L=2.0, mu=1.0, iters=2, return_info=f)
-    yield "agd", "return_info", lambda f: solvers.agd(H, q, L=2.0, mu=1.0, iters=2, return_info=f)
-    yield "cg", "return_info", lambda f: solvers.cg(H, q, iters=2, return_info=f)
+    yield from _linear_calls(solvers, H, q)
     yield (
         "chebyshev_backward",
         "return_info",
@@ -108,14 +112,7 @@ def _kernel_calls():
     import kernels
 
     H, q = _spd(dtype=torch.float32)
-    yield (
-        "chebyshev",
-        "return_info",
-        lambda f: kernels.chebyshev(H, q, L=2.0, mu=1.0, iters=2, return_info=f),
-    )
-    yield "gd", "return_info", lambda f: kernels.gd(H, q, L=2.0, mu=1.0, iters=2, return_info=f)
-    yield "agd", "return_info", lambda f: kernels.agd(H, q, L=2.0, mu=1.0, iters=2, return_info=f)
-    yield "cg", "return_info", lambda f: kernels.cg(H, q, iters=2, return_info=f)
+    yield from _linear_calls(kernels, H, q)
     yield (
         "chebyshev_adaptive",
         "return_lambda",
