@@ -44,19 +44,31 @@ def _decays(G: torch.Tensor):
     return M, M.transpose(-1, -2), torch.exp(G)
 
 
+def _acc(acc: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+    """``acc + A @ B`` for batched ``(..., m, k) @ (..., k, n)``, added in the product's epilogue
+    (``Tensor.baddbmm_``: no separate pass to add). ``acc`` contiguous, owned by the caller,
+    overwritten."""
+    acc.view(-1, *acc.shape[-2:]).baddbmm_(
+        A.reshape(-1, *A.shape[-2:]), B.reshape(-1, *B.shape[-2:])
+    )
+    return acc
+
+
 def state_products(X, K, Vals, G, beta, S):
     """Rows ``Z_c x_c`` for ``Z_c = zeta_c S + sum_{j <= c} Mt[c, j] beta_j vals_j k_j^T`` (H with
-    Vals = K, U with Vals = V), all chunks at once. X ``(N, NC, C, D)``, S ``(N, NC, m, D)``."""
+    Vals = K, U with Vals = V), all chunks at once. X ``(N, NC, C, D)``, S ``(N, NC, m, D)``. The
+    row scaling zeta_c is applied to x_c, so the state term adds in the product's epilogue."""
     _, Mt, zeta = _decays(G)
     bK = K if beta is None else beta.unsqueeze(-1) * K
-    return zeta.unsqueeze(-1) * (X @ S.transpose(-1, -2)) + (Mt * (X @ bK.transpose(-1, -2))) @ Vals
+    intra = (Mt * (X @ bK.transpose(-1, -2))) @ Vals
+    return _acc(intra, zeta.unsqueeze(-1) * X, S.transpose(-1, -2))
 
 
 def transposed_state_products(dY, K, V, G, beta, R):
     """Rows ``U_c^T dy_c = zeta_c R^T dy_c + sum_{j <= c} Mt[c, j] beta_j k_j (v_j . dy_c)``."""
     _, Mt, zeta = _decays(G)
     bK = K if beta is None else beta.unsqueeze(-1) * K
-    return zeta.unsqueeze(-1) * (dY @ R) + (Mt * (dY @ V.transpose(-1, -2))) @ bK
+    return _acc((Mt * (dY @ V.transpose(-1, -2))) @ bK, zeta.unsqueeze(-1) * dY, R)
 
 
 def _carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Tensor:
@@ -117,7 +129,7 @@ def implicit_backward(
     e = torch.exp(G[..., -1:] - G)  # M_{i,C}
     decay_last = zeta[..., -1]
     # the w H part, shared by P k and P^T k (it is symmetric)
-    wH_k = b.unsqueeze(-1) * (K @ S) + ((K @ K.transpose(-1, -2)) * Mw) @ bK
+    wH_k = _acc(((K @ K.transpose(-1, -2)) * Mw) @ bK, b.unsqueeze(-1) * K, S)
     KX = M * (K @ X.transpose(-1, -2))  # [i, c] = M_{i,c} k_i . x_c
     s = (zeta * zeta * w).sum(-1)
     coef = b if beta is None else beta * b
@@ -127,22 +139,24 @@ def implicit_backward(
     half = 0.5 * sgn
     left = torch.cat([K, sgn * dQ * zeta.unsqueeze(-1)], -2).transpose(-1, -2)  # (D, 2C)
     right = torch.cat([(half * coef).unsqueeze(-1) * K, X], -2)  # (2C, D)
-    KSig = e.unsqueeze(-1) * (K @ symmetric_carry(left @ right, S, half * s, decay_last))
-    Pk = sgn * (KX @ dQ + 0.5 * wH_k)
-    PTk = sgn * ((M * (K @ dQ.transpose(-1, -2))) @ X + 0.5 * wH_k)
-    kPk = (K * (Pk + 0.5 * KSig)).sum(-1)
+    eK = e.unsqueeze(-1) * K
+    KSig = eK @ symmetric_carry(left @ right, S, half * s, decay_last)
+    # P k + P^T k = sgn (KX dQ + (M . K dQ^T) X + w H k) + e K (P_end + P_end^T): the local part
+    # accumulated in the products' epilogues, the carried part added with the sign
+    local = _acc(_acc(wH_k, KX, dQ), M * (K @ dQ.transpose(-1, -2)), X)
+    dk_sum = torch.add(KSig, local, alpha=sgn)
+    kPk = 0.5 * (K * dk_sum).sum(-1)  # k^T P k = k^T (P + P^T) k / 2
     HX = state_products(X, K, K, G, beta, S)
     own = sgn * ((dQ * HX).sum(-1) + 0.5 * w * fro * fro)
-    dk_sum = Pk + PTk + KSig
     dv = None
     vQk = torch.zeros_like(kPk)
     if V is not None:
         dU_sum = (dY * zeta.unsqueeze(-1)).transpose(-1, -2) @ X  # sum_c zeta_c dU_c
         Q_end = carry(dU_sum, decay_last)
-        Qk = KX @ dY + e.unsqueeze(-1) * (K @ Q_end.transpose(-1, -2))
-        QTv = (M * (V @ dY.transpose(-1, -2))) @ X + e.unsqueeze(-1) * (V @ Q_end)
+        Qk = _acc(KX @ dY, eK, Q_end.transpose(-1, -2))
         vQk = (V * Qk).sum(-1)
-        dk_sum = dk_sum + QTv
+        # Q^T v into dk: (M . V dY^T) X + e V Q_end, in the epilogues
+        _acc(_acc(dk_sum, M * (V @ dY.transpose(-1, -2)), X), e.unsqueeze(-1) * V, Q_end)
         dv = Qk if beta is None else beta.unsqueeze(-1) * Qk
         own = own + (dY * state_products(X, K, V, G, beta, R)).sum(-1)
     dbeta = kPk + vQk
