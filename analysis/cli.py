@@ -46,7 +46,7 @@ from . import verification
 from .argtypes import OneLineParser, add_run_options, settle_run_options
 from .figures import FIGURES
 from .verification import topline
-from .verification.row import VerificationRow, within
+from .verification.row import VerificationRow, nanmax, within
 
 DEFAULT_OUT = pathlib.Path("reports")
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"  # the checkout's docs/, if any
@@ -82,8 +82,20 @@ class Progress:
 # ---------------------------------------------------------------------- verification
 
 
+def _size(row: VerificationRow) -> float:
+    """The exact result's size in the row's error units (``VerificationRow.reference_size``)."""
+    return getattr(row, "reference_size", 1.0)
+
+
+def _conclusive(bound: float, row: VerificationRow) -> bool:
+    """A bound says something only where it is finite and below the size of the result it bounds
+    errors of (1 for relative errors): a bound as large as that is no check. NaN: no bound."""
+    size = _size(row)
+    return math.isfinite(bound) and bound < size if math.isfinite(size) else False
+
+
 def _allowance_applies(row: VerificationRow) -> bool:
-    return row.rounding_bound < 1.0
+    return _conclusive(row.rounding_bound, row)
 
 
 def _has_running_bound(row: VerificationRow) -> bool:
@@ -91,12 +103,16 @@ def _has_running_bound(row: VerificationRow) -> bool:
 
 
 def verdict(row: VerificationRow) -> str:
-    """``holds`` / ``holds (running bound)`` / ``FAILS (...)`` / ``no guarantee``.
+    """``holds`` / ``holds (running bound)`` / ``FAILS (...)`` / ``no guarantee`` /
+    ``inconclusive (truncation bound vacuous; rounding holds[ by running bound])``.
 
-    The a-priori allowance says nothing once it is >= 1 (relative error 1 = no accuracy;
-    analysis.precision.allowance_applies). The running bound (analysis.bounds.running) is a
-    rigorous bound of the run itself, so it is checked whenever the row has one, and it is a
-    guarantee where it is < 1. "no guarantee" only where neither bound says anything.
+    The a-priori allowance says nothing once it is >= the result's size (relative error 1 = no
+    accuracy; analysis.precision.allowance_applies). The running bound (analysis.bounds.running)
+    is a rigorous bound of the run itself, so it is checked whenever the row has one, and it is a
+    guarantee where it is below that size. "no guarantee" where neither rounding bound says
+    anything. A truncation bound as large as the result's size (or infinite) checks nothing
+    either: such a row is inconclusive, never held, even where its rounding holds. A NaN or
+    infinite result or rounding is a failure (a NaN comparison is False, never a pass).
     """
     if math.isnan(row.forward_error):
         return "FAILS (non-finite result)"
@@ -106,11 +122,18 @@ def verdict(row: VerificationRow) -> str:
         return "FAILS (rounding)"
     if _has_running_bound(row) and not within(row.running_ratio, 1.0):
         return "FAILS (running bound)"
+    if not (math.isfinite(row.forward_error) and math.isfinite(row.rounding)):
+        return "FAILS (non-finite result)"
     if _allowance_applies(row):
-        return "holds"
-    if _has_running_bound(row) and row.running_bound < 1.0:
-        return "holds (running bound)"
-    return "no guarantee"
+        rounding = "holds"
+    elif _has_running_bound(row) and _conclusive(row.running_bound, row):
+        rounding = "holds (running bound)"
+    else:
+        return "no guarantee"
+    if not math.isnan(row.truncation_bound) and not _conclusive(row.truncation_bound, row):
+        how = "" if rounding == "holds" else " by running bound"
+        return f"inconclusive (truncation bound vacuous; rounding holds{how})"
+    return rounding
 
 
 def rounding_ratio(row: VerificationRow) -> float:
@@ -126,6 +149,14 @@ def rounding_ratio(row: VerificationRow) -> float:
     ]
     bound = min(applicable) if applicable else row.rounding_bound
     return row.rounding / bound if bound > 0 else float("nan")
+
+
+def truncation_ratio(row: VerificationRow) -> float:
+    """truncation / its bound (the tightness of the truncation check); NaN without a bound."""
+    b = row.truncation_bound
+    if math.isnan(b) or b <= 0:
+        return 0.0 if b == 0 and row.truncation == 0 else float("nan")
+    return row.truncation / b
 
 
 def collect_rows(quick: bool, progress: Progress) -> tuple:
@@ -166,13 +197,19 @@ COLUMNS = (
     "backward_error",
     "truncation",
     "truncation_bound",
+    "truncation_ratio",
     "rounding",
     "rounding_bound",
     "running_bound",
+    "running_ratio",
     "rounding_ratio",
     "verdict",
 )
-HEADS = {"rounding_ratio": "rounding/bound"}
+HEADS = {
+    "rounding_ratio": "rounding/bound",
+    "truncation_ratio": "truncation/bound",
+    "running_ratio": "running ratio",
+}
 
 
 def table_rows(rows: list) -> list:
@@ -180,6 +217,7 @@ def table_rows(rows: list) -> list:
     for r in rows:
         d = {k: getattr(r, k) for k in COLUMNS if hasattr(r, k)}
         d["rounding_ratio"] = rounding_ratio(r)
+        d["truncation_ratio"] = truncation_ratio(r)
         d["verdict"] = verdict(r)
         out.append(d)
     return out
@@ -212,9 +250,13 @@ truncation/bound is worst (CG: H-norm); rounding = working vs mp replay, max ove
 (CG: final forward error); rounding bound = c kappa (n u_acc + u_store), c = {c:g}
 (docs/precision.md); running bound = the run's own a-posteriori bound on its rounding, max
 over iterates (Chebyshev/GD/AGD; docs/precision.md "Running error bounds"), held at every
-iterate and step; rounding/bound = rounding over the tighter applicable bound; "holds
-(running bound)": the allowance is >= 1 but the running bound is < 1 and holds; "no
-guarantee": neither bound is < 1.
+iterate and step; running ratio = the running check's worst ratio (<= 1 holds);
+truncation/bound and rounding/bound = measured over bound (rounding: the tighter applicable
+bound), how tight each check is; "holds (running bound)": the allowance is >= 1 but the running
+bound is < 1 and holds; "no guarantee": neither rounding bound is < 1; "inconclusive (truncation
+bound vacuous; ...)": the rounding holds but the truncation bound is >= 1 (or >= the exact
+result's size where errors are relative to another scale), so it checks nothing. A bound >= 1
+(the size) proves nothing; such rows are never counted as held.
 """
 
 
@@ -236,7 +278,15 @@ def write_verification(rows: list, failures: list, out_dir: pathlib.Path) -> lis
         "provenance": provenance(),
         "allowance_c": ALLOWANCE_C,
         "rows": [
-            {**r.as_dict(), "verdict": d["verdict"], "rounding_ratio": d["rounding_ratio"]}
+            {
+                **r.as_dict(),
+                # "holds" agrees with the verdict: a row within a bound that says nothing
+                # (no guarantee, inconclusive) does not hold
+                "holds": d["verdict"] in topline.HELD,
+                "verdict": d["verdict"],
+                "rounding_ratio": d["rounding_ratio"],
+                "truncation_ratio": d["truncation_ratio"],
+            }
             for r, d in zip(rows, trows)
         ],
         "family_failures": [{"family": n, "error": e} for n, e, _ in failures],
@@ -355,24 +405,30 @@ def report_claims(out_dir: pathlib.Path, progress: Progress) -> Optional[ClaimsO
 
 
 def summary_table(rows: list) -> str:
-    """Per solver and precision: verdict counts, worst forward error, worst rounding/bound."""
+    """Per solver and precision: verdict counts, worst forward error, worst truncation/bound and
+    rounding/bound (a NaN forward error shows as nan, never hidden by the rest)."""
     groups = {}
     for r, d in zip(rows, table_rows(rows)):
         groups.setdefault((r.solver, r.precision), []).append((r, d))
     lines = [
-        "| solver | precision | rows | holds | holds (running bound) | no guarantee | fails | worst forward error "
-        "| worst rounding/bound |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| solver | precision | rows | holds | holds (running bound) | no guarantee | inconclusive "
+        "| fails | worst forward error | worst truncation/bound | worst rounding/bound |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for (solver, prec), items in groups.items():
         verdicts = [d["verdict"] for _, d in items]
         fails = sum(v.startswith("FAILS") for v in verdicts)
-        fwd = max((r.forward_error for r, _ in items), default=float("nan"))
+        inconclusive = sum(v.startswith("inconclusive") for v in verdicts)
+        fwd = nanmax(r.forward_error for r, _ in items)
         ratios = [d["rounding_ratio"] for _, d in items if not math.isnan(d["rounding_ratio"])]
+        t_ratios = [
+            d["truncation_ratio"] for _, d in items if not math.isnan(d["truncation_ratio"])
+        ]
         lines.append(
             f"| {solver} | {prec} | {len(items)} | {verdicts.count('holds')} | "
             f"{verdicts.count('holds (running bound)')} | "
-            f"{verdicts.count('no guarantee')} | {fails} | {_fmt(fwd)} | {_fmt(max(ratios, default=float('nan')))} |"
+            f"{verdicts.count('no guarantee')} | {inconclusive} | {fails} | {_fmt(fwd)} | "
+            f"{_fmt(max(t_ratios, default=float('nan')))} | {_fmt(max(ratios, default=float('nan')))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -596,8 +652,8 @@ examples:
   %(prog)s check-kernel mymod:solve --like solvers.chebyshev   your kernel vs the reference
   %(prog)s diff old.json new.json  what changed between two check-kernel reports
 
-exit status: 0 all held / matched the record, 1 a row failed, a figure or family could not
-run or a claim's verdict changed, 2 usage error; check-kernel: 0 PASS, 1 FAIL, 2 usage or
+exit status: 0 no row failed (inconclusive rows do not fail) / matched the record, 1 a row
+failed or no row ran, a figure or family could not run or a claim's verdict changed, 2 usage error; check-kernel: 0 PASS, 1 FAIL, 2 usage or
 import error, 3 INCONCLUSIVE; diff: 1 when a verdict got worse."""
 
 SUBCOMMANDS = {
@@ -700,7 +756,7 @@ def main(argv: Optional[list] = None) -> int:
         progress.done(f"verify: {len(rows)} rows -> {files[-1]}")
         print(format_table(rows))
         bad = [r for r in rows if verdict(r).startswith("FAILS")]
-        return 1 if bad or failures else 0
+        return 1 if bad or failures or not rows else 0  # no rows: nothing checked, no pass
 
     if args.command == "claims":
         code, text = run_claims(extra, args.out / "claims", prog=f"{parser.prog} claims")
@@ -743,6 +799,7 @@ def main(argv: Optional[list] = None) -> int:
     print(f"report: {path}")
     bad = (
         any(verdict(r).startswith("FAILS") for r in rows)
+        or not rows  # nothing checked is no pass
         or failures
         or any(e for _, _, e in figures)
         or (claims is not None and claims.mismatches)

@@ -10,7 +10,7 @@ Default problems (small D, so the mpmath replay is fast):
 
 Each row is measured at every iterate (``analysis.references.iterative.error_split``); it reports the
 final forward and backward errors, the truncation/bound pair at the iterate where their ratio
-is worst, and the largest rounding over all iterates against the allowance and, for
+is worst among those whose bound is < 1 (:func:`worst_iterate`; a bound >= 1 checks nothing), and the largest rounding over all iterates against the allowance and, for
 Chebyshev / GD / AGD, against the run's own running bound (``analysis.bounds.running``: every
 iterate and every step checked; the row shows the bound's max over iterates).
 """
@@ -29,7 +29,7 @@ from analysis.references import iterative as gt
 from analysis.testing.strategies.spd import spd_system
 from solvers import Arith
 
-from .row import VerificationRow
+from .row import VerificationRow, nanmax
 
 
 @dataclass
@@ -59,6 +59,20 @@ def problems(quick: bool) -> list:
     return out
 
 
+def worst_iterate(ratio: torch.Tensor, bound: torch.Tensor, first: int = 0) -> int:
+    """The iterate whose truncation/bound pair the row reports: where the ratio is worst (from
+    ``first``). Where no iterate fails (every ratio <= 1), the worst among the iterates whose bound
+    says something (< 1, relative errors): a bound >= 1 there is no check, and reporting it would
+    hide the conclusive iterates (AGD's and CG's bounds start above 1). Without such an iterate,
+    the overall worst (whose vacuous bound the verdict then calls inconclusive)."""
+    r, b = ratio[first:], bound[first:]
+    overall = first + int(torch.argmax(r))
+    conclusive = torch.isfinite(b) & (b < 1.0)
+    if bool((r > 1).any()) or not bool(conclusive.any()):
+        return overall
+    return first + int(torch.argmax(torch.where(conclusive, r, torch.full_like(r, -1.0))))
+
+
 def row(method: str, problem: Problem, arith: Arith) -> VerificationRow:
     H, q = problem.H.to(arith.dtype), problem.q.to(arith.dtype)
     split = gt.error_split(
@@ -71,7 +85,7 @@ def row(method: str, problem: Problem, arith: Arith) -> VerificationRow:
     trunc = checks.measured_truncation(split)
     # x_0 = 0 gives truncation 1 = bound at i = 0 for GD: the worst ratio is sought from i = 1.
     first = 1 if problem.iters >= 1 else 0
-    worst = first + int(torch.argmax(checks.truncation_ratio(split, problem.L, problem.mu)[first:]))
+    worst = worst_iterate(checks.truncation_ratio(split, problem.L, problem.mu), bound, first)
     running = {}
     if method == "cg":
         rounding = float(split.forward[-1])
@@ -81,9 +95,15 @@ def row(method: str, problem: Problem, arith: Arith) -> VerificationRow:
         )
     else:
         rounding = float(split.rounding.max())
-        notes = f"truncation vs bound at i={worst} (worst ratio); rounding = max over iterates"
+        notes = (
+            f"truncation vs bound at i={worst} (worst ratio where the bound is < 1); "
+            "rounding = max over iterates"
+        )
         rc = running_bounds.running_check(split, H, q, L=problem.L, mu=problem.mu)
-        running = {"running_bound": float(rc.bound.max()), "running_ratio": max(rc.worst.values())}
+        running = {
+            "running_bound": float(rc.bound.max()),
+            "running_ratio": nanmax(rc.worst.values()),
+        }
         notes += (
             "; running bound: rounding_i/bound_i <= {rounding_ratio:.2g}, local <= {local_ratio:.2g}, "
             "recurrence <= {recurrence_ratio:.2g}"

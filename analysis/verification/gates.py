@@ -33,7 +33,7 @@ from analysis.precision import PRECISIONS
 from analysis.references.gates import exact_gate_functions
 from solvers.gates import BalancedGate, SigmoidGate, SoftplusGate, cumulative_log_decay
 
-from .row import VerificationRow
+from .row import VerificationRow, nanmax
 
 NAN = float("nan")
 F64 = torch.float64
@@ -67,7 +67,7 @@ def _pointwise_rows(gate, name: str, ar, z: torch.Tensor, problem: str) -> list:
                 continue  # below the working dtype's normal range: no relative accuracy exists
             else:
                 errs.append(_relative_error(gi, r))
-        err = max(errs)
+        err = nanmax(errs)  # a NaN at any grid point is the row's error, never hidden
         rows.append(
             VerificationRow(
                 solver=f"gate/{name}/{quantity}",
@@ -94,7 +94,7 @@ def _cumulative_row(gate, name: str, ar, z: torch.Tensor, problem: str) -> Verif
     T = g.numel()
     with mpmath.workdps(DPS):
         exact = [mpmath.fsum(mpmath.mpf(x) for x in g.to(F64).tolist()[: t + 1]) for t in range(T)]
-        err = max(_relative_error(G[t], exact[t]) for t in range(T))
+        err = nanmax(_relative_error(G[t], exact[t]) for t in range(T))
     gamma_T = T * ar.u_acc / (1 - T * ar.u_acc)
     bound = gamma_T + ar.u_store * (
         1 + gamma_T

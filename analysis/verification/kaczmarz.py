@@ -16,7 +16,8 @@ Family-specific fields (``VerificationRow`` docs give the generic meaning):
   mpmath chunkwise replay (Props. 3-4) vs the tokenwise one -- an identity, held to the
   double-double resolution 1e-28; rounding = ``max_t ||o^_t - o_mp_t|| / max_t ||o_t||`` vs the
   running bounds ``kla_tokenwise_bound`` / ``kla_chunkwise_bound`` on the same scale, and
-  ``extra['max_ratio']`` = ``max_t error_t / bound_t``. kappa: NaN (no linear system);
+  ``extra['max_ratio']`` = running_ratio = ``max_t error_t / bound_t`` (the per-token check: the
+  row fails when any token's error exceeds its own bound). kappa: NaN (no linear system);
   n = d_k; iters = T.
 """
 
@@ -180,6 +181,10 @@ def _kla_rows(quick: bool) -> list:
                         else "truncation = mp Algorithm 1 right vs left (Props. 3-4, identity); "
                     )
                     + "rounding bound: running bound (docs/kla.md)",
+                    # the bound is per token: err_t <= B_t at every t is the check (max err <=
+                    # max B is weaker), carried as the row's running check
+                    running_bound=float(B.max()) / scale,
+                    running_ratio=float((err / B).max()),
                     extra={"max_ratio": float((err / B).max())},
                 )
             )

@@ -23,7 +23,11 @@ class VerificationRow:
         has none. running_ratio: the worst ratio of ``analysis.bounds.running.RunningCheck`` --
         ``rounding_i / running_bound_i`` at every iterate, each step's implied local error against
         its local bound, the bound's recurrence against the replay: <= 1 holds.
-    holds: every measured value within every bound given.
+    reference_size: the size of the exact result in the units of truncation and rounding (1 for
+        errors relative to the result itself; ``||y*|| / S`` for errors relative to a scale S). A
+        bound >= it says nothing (the report calls such a row inconclusive, never held).
+    holds: every measured value within every bound given (whether those bounds say anything
+        is the report's verdict, ``analysis.cli.verdict``).
     """
 
     solver: str
@@ -42,12 +46,13 @@ class VerificationRow:
     running_ratio: float = float("nan")
     notes: str = ""
     extra: dict = field(default_factory=dict)
+    reference_size: float = 1.0
 
     @property
     def holds(self) -> bool:
         """Every measured value within its bound. A NaN bound means no claim is made; a NaN
-        measurement against a real bound fails (a NaN never passes), as does a NaN result."""
-        if math.isnan(self.forward_error):
+        measurement against a real bound fails (a NaN never passes), as does a NaN or inf result."""
+        if not math.isfinite(self.forward_error):
             return False
         ok_t = within(self.truncation, self.truncation_bound)
         ok_r = within(self.rounding, self.rounding_bound)
@@ -65,6 +70,16 @@ def within(measured: float, bound: float) -> bool:
     if math.isnan(bound):
         return True
     return not math.isnan(measured) and measured <= bound
+
+
+def nanmax(values) -> float:
+    """``max`` that a NaN cannot hide: Python's ``max`` keeps the first item whenever a later one
+    compares False, so ``max([0.1, nan])`` is 0.1; here any NaN makes the result NaN, and so does
+    an empty set (no case was measured: never a pass)."""
+    values = [float(v) for v in values]
+    if not values or any(math.isnan(v) for v in values):
+        return float("nan")
+    return max(values)
 
 
 def status_note(status) -> str:

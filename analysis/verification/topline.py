@@ -11,7 +11,7 @@ PRINTED = "as printed"  # proofs_check.claim.PRINTED: the statement as the paper
 
 # Verification verdicts (analysis.cli.verdict) by what they mean for the top line.
 HELD = ("holds", "holds (running bound)")
-INCONCLUSIVE = ("no guarantee",)
+INCONCLUSIVE = ("no guarantee",)  # and every "inconclusive (...)" verdict
 
 
 # severities counted in the headline; the others (out-of-setting, degenerate, wording, rounding) beside it
@@ -19,12 +19,17 @@ HEADLINE_SEVERITIES = ("substantive", "numerical")
 
 
 def row_counts(verdicts: list) -> dict:
-    """``{"rows", "held", "failed", "inconclusive"}`` of a list of verification verdicts."""
+    """``{"rows", "held", "failed", "inconclusive"}`` of a list of verification verdicts.
+
+    The three always add up to ``rows``: a verdict that is neither held nor FAILS (no guarantee,
+    inconclusive, or one this module does not know) counts as inconclusive, never as held."""
+    held = sum(v in HELD for v in verdicts)
+    failed = sum(v.startswith("FAILS") for v in verdicts)
     return {
         "rows": len(verdicts),
-        "held": sum(v in HELD for v in verdicts),
-        "failed": sum(v.startswith("FAILS") for v in verdicts),
-        "inconclusive": sum(v in INCONCLUSIVE for v in verdicts),
+        "held": held,
+        "failed": failed,
+        "inconclusive": len(verdicts) - held - failed,
     }
 
 
@@ -95,10 +100,14 @@ def claim_counts(rows: list) -> dict:
 def markdown(rows: dict, claims: Optional[dict], figures: dict, family_failures: int) -> list:
     """The top-line lines of report.md (``rows``: :func:`row_counts`; ``claims``:
     :func:`claim_counts` or None when proofs_check is missing; ``figures``: written / failed)."""
-    lines = [
-        f"**Verification: {rows['held']} of {rows['rows']} rows hold, {rows['failed']} fail, "
-        f"{rows['inconclusive']} inconclusive** (no bound below 1 applies, so the row proves nothing)."
-    ]
+    if rows["rows"]:
+        lines = [
+            f"**Verification: {rows['held']} of {rows['rows']} rows hold, {rows['failed']} fail, "
+            f"{rows['inconclusive']} inconclusive** (a bound as large as what it bounds checks "
+            "nothing: no rounding bound below 1 applies, or the truncation bound is vacuous)."
+        ]
+    else:
+        lines = ["**Verification: no rows ran, so nothing was checked.**"]
     if family_failures:
         lines.append(f"**{family_failures} solver families failed to run** (listed below).")
     if claims is None:
