@@ -326,6 +326,7 @@ def write_markdown(res: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
+    _load_extra_suites()  # before the parser, so that --help lists every suite
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("reports/bench"))
     ap.add_argument(
@@ -338,7 +339,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("benchmarks need a CUDA GPU", file=sys.stderr)
         return 2
-    _load_extra_suites()
     only = set(filter(None, args.only.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()

@@ -14,6 +14,7 @@ import argparse
 import datetime
 import json
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -28,10 +29,17 @@ DTYPE_COLORS = {"float32": "tab:blue", "bfloat16": "tab:orange"}
 
 
 def _load(paths):
-    """Rows with a time, and the environment of each run (GPU, versions, date)."""
+    """Rows with a time, and the environment of each run (GPU, versions, date).
+
+    Only benchmarks/bench.py's results (``env`` and ``rows``) are plotted; other JSON in the
+    same folder (bench_gka_layer.py, bench_kla.py, fla_640_repro.py, ...) is skipped with a note,
+    so that ``benchmarks/results/*.json`` works as a glob."""
     rows, envs = [], []
     for p in paths:
         doc = json.loads(Path(p).read_text())
+        if not (isinstance(doc, dict) and "env" in doc and "rows" in doc):
+            print(f"skipped (not a benchmarks/bench.py result): {p}", file=sys.stderr)
+            continue
         rows += [r for r in doc["rows"] if "ms" in r]
         envs.append(doc.get("env", {}))
     return rows, envs
@@ -168,7 +176,7 @@ def plot_roofline_fraction(rows, envs, out: Path) -> Path:
         and (r.get("N", 0) in (131072, 0) or r.get("suite") in ("kla", "koopman"))
     ]
     labels = [
-        f"{r['op']} {r.get('dtype', '')} {('r=' + str(r['r'])) if 'r' in r else ''}".strip()
+        " ".join(filter(None, (r["op"], r.get("dtype"), f"r={r['r']}" if "r" in r else None)))
         for r in sel
     ]
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(sel) + 1.3))
