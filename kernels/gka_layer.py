@@ -379,7 +379,29 @@ def _unbroadcast(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return grad.to(like.dtype)
 
 
-def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract):
+def _cotangent_solve(p: _Prepared, dx2, H0, *, a, iters, contract, kernel):
+    """dq = the r Chebyshev steps on the cotangent dx (eq. (6)), ``(N, Tp, D)`` float32: with
+    ``kernel="wgmma"`` (where the forward ran there) on the warp-group MMA kernel, in its chunks
+    of 64 with bf16 states of its own (at GKA's size the Triton solve at the backward's chunk
+    took 0.76 ms, the forward's solve on warp-group MMA 0.50 ms); else by the Triton solve kernel
+    on the backward's states."""
+    if kernel == "wgmma":
+        C = wgmma.CHUNK
+        Tp = max(C, -(-p.T // C) * C)
+        p64 = _Prepared(_pad(p.q, Tp), _pad(p.k, Tp), None, None, None, None, p.batch, p.T, C)
+        H64, _ = chunk_states(p64, torch.bfloat16, CONTRACTS[contract], with_u=False)
+        rhs = _pad(dx2, Tp).contiguous()
+        dq, _, _, _ = wgmma.solve_chunks_wgmma(
+            p64, H64, a=a, iters=iters, x_dtype=torch.float32, sqrt=_FRO_SQRT, rhs=rhs
+        )
+        return dq[:, : dx2.shape[1]].contiguous()  # the backward's padding is never longer
+    dq, _, _, _ = solve_chunks(
+        p, dx2, H0, None, a=a, iters=iters, prec=CONTRACTS[contract], x_dtype=torch.float32
+    )
+    return dq
+
+
+def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract, dq_kernel="triton"):
     """dq, dk, dv, dg, dbeta as flat padded ``(N, Tp, .)`` float32 tensors (module docstring)."""
     prec = CONTRACTS[contract]
     layer = dy2 is not None
@@ -393,8 +415,8 @@ def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract):
         dx2 = transposed_state_products(dY, K, V, G, beta, U0).reshape(
             dx2.shape if dx2 is not None else p.q.shape
         )
-    dq2, _, _, _ = solve_chunks(
-        p, dx2.contiguous(), H0, None, a=a, iters=iters, prec=prec, x_dtype=torch.float32
+    dq2 = _cotangent_solve(
+        p, dx2.contiguous(), H0, a=a, iters=iters, contract=contract, kernel=dq_kernel
     )
     X, dQ = chunked(x2.float(), C), chunked(dq2, C)
     dk, dv, dbeta, dG = implicit_backward(
@@ -476,6 +498,7 @@ class _GKAFunction(torch.autograd.Function):
             a=cfg["a"],
             iters=cfg["iters"],
             contract=cfg["contract"],
+            dq_kernel=solve_kernel_for(q, g, beta, cfg["contract"], v, cfg["auto_chunk"]),
         )
         B, T = p.batch, p.T
         grads = [

@@ -21,6 +21,10 @@ product, the state) rounded to bf16. What differs is the layout, chosen by hand 
   s_c; in float32 it rounds in different places (the forward bound covers both, tested on the
   GPU).
 
+The backward's dq (eq. (6): the same r steps with the cotangent dx in place of q) runs on this
+kernel too, with dx kept in float32 in shared memory (``RHS_F32``), as the Triton kernel keeps
+it.
+
 Before the loop the program computes ``||H_t||_F`` by eq. (5) without gates (``||S||_F^2 +
 2 sum_{j<=c} k_j^T S k_j + sum_{i,j<=c} (k_i . k_j)^2``, the products with the loop's bf16
 operands) and raises the flags of the Triton kernel (a non-finite q or k, ``H_t = 0`` at a
@@ -110,6 +114,7 @@ if AVAILABLE:
         C: gl.constexpr,
         SQRT: gl.constexpr,
         HAS_Y: gl.constexpr,
+        RHS_F32: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         # float32 tiles [C, D] and [C, C] in the warp-group MMA layout (one group: warps [4, 1])
@@ -123,6 +128,7 @@ if AVAILABLE:
         ld_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         sl_S: gl.constexpr = gl.NVMMASharedLayout.get_default_for([D, D], gl.bfloat16)
         sl_K: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, D], gl.bfloat16)
+        sl_Q32: gl.constexpr = gl.NVMMASharedLayout.get_default_for([C, D], gl.float32)
 
         i_n = gl.program_id(0).to(gl.int64)
         i_c = gl.program_id(1).to(gl.int64)
@@ -143,7 +149,10 @@ if AVAILABLE:
         Qb = gl.load(p_q + ld_offs)
         flag = _nonfinite(K) | _nonfinite(Qb)
         s_K = gl.allocate_shared_memory(gl.bfloat16, [C, D], sl_K, K)
-        s_Q = gl.allocate_shared_memory(gl.bfloat16, [C, D], sl_K, Qb)
+        if RHS_F32:  # the backward's cotangent (float32): kept as it is, 16 KB more a program
+            s_Q = gl.allocate_shared_memory(gl.float32, [C, D], sl_Q32, Qb)
+        else:
+            s_Q = gl.allocate_shared_memory(gl.bfloat16, [C, D], sl_K, Qb)
         s_Z = gl.allocate_shared_memory(gl.bfloat16, [2, C, D], sl_K)  # the operand, two buffers
         fence_async_shared()
         gl.thread_barrier()
@@ -237,13 +246,14 @@ if AVAILABLE:
         gl.store(p_flag + base, flag)
 
 
-def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=True):
+def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=True, rhs=None):
     """``(x, y, fro, flags)`` for every chunk by :func:`wgmma_solve_kernel`: x ``(N, Tp, D)`` in
     ``x_dtype``; y ``(N, Tp, Dv)`` in ``y_dtype`` when U0 is given (the layer), else None; the
     float32 ``||H_t||_F`` (eq. (5)) ``(N, Tp)``; int32 flags ``(N, NC)`` with the bits of
     kernels/gka_layer_fwd.py. ``p``: kernels.gka_layer's prepared inputs in chunks of CHUNK
     tokens; H0, U0: the bf16 chunk-start states; ``sqrt=False`` takes lambda from
-    ``||H_t||_F^2`` (the tests' broken variant)."""
+    ``||H_t||_F^2`` (the tests' broken variant); ``rhs``: a float32 right-hand side ``(N, Tp, D)``
+    in place of q (the backward's cotangent; without U0)."""
     N, Tp, D = p.k.shape
     NC = Tp // p.C
     dev = p.k.device
@@ -255,7 +265,7 @@ def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=
     step_scale = 2.0 / (1.0 + 2.0 * a64)  # 2/(L + mu) times ||H_t||_F, as the Triton kernel
     if N:
         wgmma_solve_kernel[(N, NC)](
-            p.q,
+            p.q if rhs is None else rhs,
             p.k,
             p.v if U0 is not None else p.k,
             H0,
@@ -274,6 +284,7 @@ def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=
             C=p.C,
             SQRT=sqrt,
             HAS_Y=U0 is not None,
+            RHS_F32=rhs is not None,
             num_warps=WARPS,
         )
     return x, y, fro, flags

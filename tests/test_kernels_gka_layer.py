@@ -689,23 +689,32 @@ def test_gpu_wgmma_solve_flags():
         kernels.gka_solve(x["q"], k, a=0.02, iters=30)
 
 
-@pytest.mark.gpu
-def test_gpu_wgmma_solve_backward_dq_within_bound():
-    # dq of the solve stage through the warp-group MMA forward (chunks of 64; the backward's
-    # Triton kernels at their default chunk): one more r-step solve with the cotangent, FWD on it
-    a, iters = 0.02, 30
-    x = wgmma_case(33)
-    C = mod.DEFAULT_CHUNK["bfloat16/operands"]
+def _dq_on_wgmma(x, *, a, iters, layer, monkeypatch):
+    """dq of kernels.gka_solve (or of the layer, with ``layer``) and the float64 r-step solve of
+    its cotangent, the FWD bound on it, and how many calls of the warp-group MMA kernel ran
+    (the forward and the backward's dq: 2)."""
+    calls = []
+    original = mod.wgmma.solve_chunks_wgmma
+    monkeypatch.setattr(
+        mod.wgmma, "solve_chunks_wgmma", lambda *p, **kw: calls.append(1) or original(*p, **kw)
+    )
     q = x["q"].clone().requires_grad_(True)
-    xs = kernels.gka_solve(q, x["k"], a=a, iters=iters)
-    dX = torch.randn(xs.shape, generator=torch.Generator().manual_seed(33)).to(DEVICE)
-    (dq,) = torch.autograd.grad((xs.float() * dX).sum(), [q])
+    gen = torch.Generator().manual_seed(33)
     x64 = f64(x)
     N, T, D = x64["q"].shape
     st = per_token(x64, a)
+    if layer:
+        out = kernels.gka_layer(q, x["k"], x["v"], a=a, iters=iters)
+        dY = torch.randn(out.shape, generator=gen).to(DEVICE)
+        dX64 = (st["U"].transpose(-1, -2) @ dY.cpu().to(F64).unsqueeze(-1)).squeeze(-1)
+    else:
+        out = kernels.gka_solve(q, x["k"], a=a, iters=iters)
+        dY = torch.randn(out.shape, generator=gen).to(DEVICE)
+        dX64 = dY.cpu().to(F64)
+    (dq,) = torch.autograd.grad((out.float() * dY).sum(), [q])
     A = st["H"] + (a * st["fro"])[..., None, None] * torch.eye(D, dtype=F64)
-    dX64 = dX.cpu().to(F64)
     ref = solvers.chebyshev(A, dX64, L=st["fro"] * (1 + a), mu=a * st["fro"], iters=iters)
+    C = mod.wgmma.CHUNK  # the dq solve's chunks, as the forward's
     e_S, e_gate, e_H = eps_model("bfloat16/operands", C=C, T=T, D=D, g64=x64["g"])
     b, _ = fwd_bound(
         A,
@@ -719,8 +728,25 @@ def test_gpu_wgmma_solve_backward_dq_within_bound():
         out_u=UB,
         x_out=ref,
     )
+    if layer:  # the cotangent dx = U^T dy is formed in float32 from the float32 value states
+        dx_err = e_H * torch.linalg.vector_norm(
+            (st["Ua"].transpose(-1, -2) @ dY.cpu().to(F64).abs().unsqueeze(-1)).squeeze(-1), dim=-1
+        )
+        b = b + 2.0 / (a * st["fro"]) * dx_err  # ||p_r(A)|| <= 2 / mu on dx's own rounding
     err = torch.linalg.vector_norm(dq.cpu().to(F64) - ref, dim=-1)
+    return err, b, torch.linalg.vector_norm(ref, dim=-1), len(calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layer", [False, True])
+def test_gpu_wgmma_solve_backward_dq_within_bound(layer, monkeypatch):
+    # dq through the warp-group MMA forward: one more r-step solve with the cotangent, on the
+    # warp-group MMA kernel too (float32 cotangent in shared memory), FWD on it
+    x = wgmma_case(33, layer=layer)
+    err, b, size, calls = _dq_on_wgmma(x, a=0.02, iters=30, layer=layer, monkeypatch=monkeypatch)
+    assert calls == 2  # the forward and the backward's dq ran on warp-group MMA
     assert bool((err <= b).all())  # FWD on the cotangent solve
+    assert bool((b < size).all())  # and FWD is a check: below the size of what it bounds
 
 
 @pytest.mark.gpu
