@@ -234,8 +234,10 @@ def test_kernel_x0_matches_the_reference():
     kernels = pytest.importorskip("kernels")
     H, q, x0 = _spd(8, 20.0, 6, batch=(3,))
     H, q, x0 = H.float(), q.float(), x0.float()
-    assert torch.equal(kernels.cg(H, q, iters=0, x0=x0), x0)
-    ref, got = solvers.cg(H, q, iters=5, x0=x0), kernels.cg(H, q, iters=5, x0=x0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
+    Hd, qd, xd = H.to(dev), q.to(dev), x0.to(dev)
+    assert torch.equal(kernels.cg(Hd, qd, iters=0, x0=xd).cpu(), x0)
+    ref, got = solvers.cg(H, q, iters=5, x0=x0), kernels.cg(Hd, qd, iters=5, x0=xd).cpu()
     # both float32 runs of one recurrence: each within the float32 allowance of the exact one
     tol = (
         _agreement(H.double(), q.double(), x0.double(), 20.0)
@@ -246,7 +248,7 @@ def test_kernel_x0_matches_the_reference():
         )
     )
     assert float((ref - got).norm()) <= tol
-    assert not torch.allclose(got, kernels.cg(H, q, iters=5))
+    assert not torch.allclose(got, kernels.cg(Hd, qd, iters=5).cpu())
 
 
 def test_kernel_options_name_the_argument():

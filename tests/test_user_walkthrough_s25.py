@@ -111,7 +111,8 @@ def test_reference_flags_must_be_bools(name, bad):
 def _kernel_calls():
     import kernels
 
-    H, q = _spd(dtype=torch.float32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
+    H, q = (t.to(device) for t in _spd(dtype=torch.float32))
     yield from _linear_calls(kernels, H, q)
     yield (
         "chebyshev_adaptive",
@@ -128,7 +129,9 @@ def _kernel_calls():
     yield (
         "chunkwise_frobenius",
         "return_states",
-        lambda f: kernels.chunkwise_frobenius(torch.randn(4, 3), chunk_size=2, return_states=f),
+        lambda f: kernels.chunkwise_frobenius(
+            torch.randn(4, 3, device=device), chunk_size=2, return_states=f
+        ),
     )
 
 
