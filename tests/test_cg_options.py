@@ -254,17 +254,18 @@ def test_kernel_x0_matches_the_reference():
 def test_kernel_options_name_the_argument():
     kernels = pytest.importorskip("kernels")
     H, q, _ = _spd(4, 10.0, 7, batch=(2,))
-    H, q = H.float(), q.float()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU under the interpreter
+    H, q = H.float().to(dev), q.float().to(dev)
     with pytest.raises(
         ValueError, match="callback: kernels.cg runs every iteration inside one launch"
     ):
         kernels.cg(H, q, iters=2, callback=print)
     with pytest.raises(ValueError, match=r"x0 has shape \(3,\), which does not broadcast"):
-        kernels.cg(H, q, iters=2, x0=torch.zeros(3))
+        kernels.cg(H, q, iters=2, x0=torch.zeros(3, device=dev))
     with pytest.raises(TypeError, match="x0 has dtype torch.bfloat16 but H has torch.float32"):
-        kernels.cg(H, q, iters=2, x0=torch.zeros(4, dtype=torch.bfloat16))
+        kernels.cg(H, q, iters=2, x0=torch.zeros(4, dtype=torch.bfloat16, device=dev))
     with pytest.raises(ValueError, match="x0"):
-        kernels.cg(H, q, iters=2, x0=torch.full((4,), float("inf")))
+        kernels.cg(H, q, iters=2, x0=torch.full((4,), float("inf"), device=dev))
 
 
 def test_agreement_study_prints_its_table(capsys):
