@@ -8,39 +8,19 @@ import sys
 import types
 
 import pytest
+from verification_support import fake_row, install_fake_family
 
 from analysis import cli, verification
-from analysis.verification.row import VerificationRow
 
 
 def _row(**kw):
-    base = dict(
-        solver="fake",
-        precision="float32",
-        problem="p",
-        n=4,
-        kappa=10.0,
-        iters=3,
-        forward_error=1e-7,
-        backward_error=1e-8,
-        truncation=0.1,
-        truncation_bound=0.2,
-        rounding=1e-7,
-        rounding_bound=1e-4,
-    )
-    base.update(kw)
-    return VerificationRow(**base)
+    return fake_row(**kw)
 
 
 @pytest.fixture
 def fake_family(monkeypatch):
     """A family module ``analysis.verification.fake`` whose rows the test chooses."""
-    mod = types.ModuleType("analysis.verification.fake")
-    mod.ROWS = [_row()]
-    mod.rows = lambda quick: list(mod.ROWS)
-    monkeypatch.setitem(sys.modules, "analysis.verification.fake", mod)
-    monkeypatch.setattr(verification, "FAMILIES", ["fake"])
-    return mod
+    return install_fake_family(monkeypatch, "fake", _row())
 
 
 @pytest.fixture

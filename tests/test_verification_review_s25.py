@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-import types
 
 import pytest
 import torch
+from verification_support import fake_row, install_fake_family
 
-from analysis import cli, verification
+from analysis import cli
 from analysis.verification import topline
 from analysis.verification.row import VerificationRow
 
@@ -23,32 +22,12 @@ NAN = float("nan")
 
 
 def _row(**kw) -> VerificationRow:
-    base = dict(
-        solver="fake",
-        precision="float32",
-        problem="p",
-        n=4,
-        kappa=10.0,
-        iters=5,
-        forward_error=1e-7,
-        backward_error=1e-8,
-        truncation=0.01,
-        truncation_bound=0.1,
-        rounding=1e-7,
-        rounding_bound=1e-4,
-    )
-    base.update(kw)
-    return VerificationRow(**base)
+    return fake_row(**{"iters": 5, "truncation": 0.01, "truncation_bound": 0.1, **kw})
 
 
 @pytest.fixture
 def family(monkeypatch):
-    mod = types.ModuleType("analysis.verification.fake_s25")
-    mod.ROWS = [_row()]
-    mod.rows = lambda quick: list(mod.ROWS)
-    monkeypatch.setitem(sys.modules, "analysis.verification.fake_s25", mod)
-    monkeypatch.setattr(verification, "FAMILIES", ["fake_s25"])
-    return mod
+    return install_fake_family(monkeypatch, "fake_s25", _row())
 
 
 # ------------------------------------------------------------------ vacuous bounds
