@@ -16,7 +16,9 @@ Fields:
   layer, ``"wy"`` blocks of a chunked one, ``"residual"``/``"direction"`` of CG);
 * ``accumulate``: the dtype sums and elementwise updates are carried out in (float32 on
   tensor cores and in our kernels);
-* ``output``: the dtype of the result (``None``: the kernel's own choice, measured).
+* ``output``: the dtype of the result (``None``: the kernel's own choice, measured, but the
+  harness fails a result coarser than the inputs, or than ``storage`` where intermediates are
+  stored rounded: an undeclared downcast).
 
 Presets (:data:`PRESETS`, :func:`parse`): ``float64``, ``float32``, ``tf32``, ``tf32x3``,
 ``bfloat16/operands`` (fp32 iterate and accumulators, every product's operands rounded to

@@ -168,3 +168,27 @@ def test_cg_draws_enough_steps_for_its_bound():
         assert 2 * r**k <= 0.5, c.label
     short = _draws(harness.spd(bounds=False, max_iters=2), 10, SEED)
     assert all(1 <= c.options["iters"] <= 2 for c in short)
+
+
+def _downcast(H, q, *, L, mu, iters):
+    """A correct float32 Chebyshev whose result is silently rounded to bf16."""
+    return _chebyshev(H, q, L=L, mu=mu, iters=iters).to(torch.bfloat16)
+
+
+def test_undeclared_downcast_of_the_output_fails():
+    """A kernel on float32 inputs that returns bf16 was held to a bf16 output allowance (the
+    bound adds the rounding of the dtype returned) and PASSed under ``float32`` and ``tf32``
+    (worst ratio 0.83). A result coarser than the inputs is now a failure with its case unless
+    the contract declares it (``output=``) or stores its intermediates in that dtype."""
+    for model in ("float32", "tf32", "bfloat16/operands"):
+        rep = _check(_downcast, solvers.chebyshev, harness.spd(), model, 12, precision="float32")
+        assert rep.verdict == harness.FAIL, rep
+        assert "coarser than float32" in rep.failure.crash, rep.failure
+        assert f"'{model};output=bfloat16'" in rep.failure.crash
+    # declared, it is held to its own rounding again, as is a kernel storing its iterate in bf16
+    for model in ("float32;output=bfloat16", "bfloat16/storage"):
+        rep = _check(_downcast, solvers.chebyshev, harness.spd(), model, 12, precision="float32")
+        assert rep.verdict == harness.PASS, (model, rep)
+    # bf16 inputs and a bf16 result: the inputs' own dtype, allowed as before
+    ok = _check(_downcast, solvers.chebyshev, harness.spd(), "float32", 12)
+    assert ok.verdict == harness.PASS, ok

@@ -1248,6 +1248,19 @@ def run_case(
                 f"output {name!r}: kernel gave dtype {str(k.dtype)[6:]}, expected one of "
                 f"{', '.join(str(d)[6:] for d in OUTPUT_DTYPES)}",
             )
+        coarsest = _coarsest_output(contract, precision)
+        if _eps(k.dtype) > _eps(coarsest):
+            # the bound adds the rounding of the dtype the kernel returns, so an undeclared
+            # downcast (float32 inputs, bf16 result) would pass with a bf16 allowance
+            return _crash(
+                case,
+                strategy,
+                f"output {name!r}: kernel gave dtype {str(k.dtype)[6:]}, coarser than "
+                f"{str(coarsest)[6:]}, which the contract {contract.name!r} allows for "
+                f"{str(precision)[6:]} inputs; declare the output dtype in the contract "
+                f"(e.g. '{contract.name};output={str(k.dtype)[6:]}') if the kernel means to "
+                "round its result",
+            )
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
     scales = strategy.scales(prepared, exact, contract)
@@ -1298,6 +1311,21 @@ def run_case(
 
 
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bounds model
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def _coarsest_output(contract, precision: torch.dtype) -> torch.dtype:
+    """The coarsest result dtype a contract allows for inputs of ``precision``: its declared
+    ``output``; else the inputs' dtype, or the storage dtype where the contract stores
+    intermediates rounded to it (a bf16-storage kernel may return its stored iterate)."""
+    if contract.output is not None:
+        return contract.output
+    if contract.stored and _eps(contract.storage) > _eps(precision):
+        return contract.storage
+    return precision
 
 
 def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
