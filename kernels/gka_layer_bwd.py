@@ -54,14 +54,15 @@ def _acc(acc: torch.Tensor, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def state_products(X, K, Vals, G, beta, S):
+def state_products(X, K, Vals, G, beta, S, zX=None):
     """Rows ``Z_c x_c`` for ``Z_c = zeta_c S + sum_{j <= c} Mt[c, j] beta_j vals_j k_j^T`` (H with
     Vals = K, U with Vals = V), all chunks at once. X ``(N, NC, C, D)``, S ``(N, NC, m, D)``. The
-    row scaling zeta_c is applied to x_c, so the state term adds in the product's epilogue."""
+    row scaling zeta_c is applied to x_c (``zX``, the rows ``zeta_c x_c`` if the caller has them),
+    so the state term adds in the product's epilogue."""
     _, Mt, zeta = _decays(G)
     bK = K if beta is None else beta.unsqueeze(-1) * K
     intra = (Mt * (X @ bK.transpose(-1, -2))) @ Vals
-    return _acc(intra, zeta.unsqueeze(-1) * X, S.transpose(-1, -2))
+    return _acc(intra, zeta.unsqueeze(-1) * X if zX is None else zX, S.transpose(-1, -2))
 
 
 def transposed_state_products(dY, K, V, G, beta, R):
@@ -137,7 +138,7 @@ def implicit_backward(
     # one (the operands side by side), the (D, D) s S term added inside the carry (halving is
     # exact); the (D, D) tensors are the largest of the backward, each pass over them counts
     half = 0.5 * sgn
-    left = torch.cat([K, sgn * dQ * zeta.unsqueeze(-1)], -2).transpose(-1, -2)  # (D, 2C)
+    left = torch.cat([K, (sgn * zeta).unsqueeze(-1) * dQ], -2).transpose(-1, -2)  # (D, 2C)
     right = torch.cat([(half * coef).unsqueeze(-1) * K, X], -2)  # (2C, D)
     eK = e.unsqueeze(-1) * K
     KSig = eK @ symmetric_carry(left @ right, S, half * s, decay_last)
@@ -146,19 +147,20 @@ def implicit_backward(
     local = _acc(_acc(wH_k, KX, dQ), M * (K @ dQ.transpose(-1, -2)), X)
     dk_sum = torch.add(KSig, local, alpha=sgn)
     kPk = 0.5 * (K * dk_sum).sum(-1)  # k^T P k = k^T (P + P^T) k / 2
-    HX = state_products(X, K, K, G, beta, S)
+    zX = zeta.unsqueeze(-1) * X  # the rows zeta_c x_c, shared by H x, U x and sum_c zeta_c dU_c
+    HX = state_products(X, K, K, G, beta, S, zX)
     own = sgn * ((dQ * HX).sum(-1) + 0.5 * w * fro * fro)
     dv = None
     vQk = torch.zeros_like(kPk)
     if V is not None:
-        dU_sum = (dY * zeta.unsqueeze(-1)).transpose(-1, -2) @ X  # sum_c zeta_c dU_c
+        dU_sum = dY.transpose(-1, -2) @ zX  # sum_c zeta_c dU_c = sum_c dy_c (zeta_c x_c)^T
         Q_end = carry(dU_sum, decay_last)
         Qk = _acc(KX @ dY, eK, Q_end.transpose(-1, -2))
         vQk = (V * Qk).sum(-1)
         # Q^T v into dk: (M . V dY^T) X + e V Q_end, in the epilogues
         _acc(_acc(dk_sum, M * (V @ dY.transpose(-1, -2)), X), e.unsqueeze(-1) * V, Q_end)
         dv = Qk if beta is None else beta.unsqueeze(-1) * Qk
-        own = own + (dY * state_products(X, K, V, G, beta, R)).sum(-1)
+        own = own + (dY * state_products(X, K, V, G, beta, R, zX)).sum(-1)
     dbeta = kPk + vQk
     dk = dk_sum if beta is None else beta.unsqueeze(-1) * dk_sum
     dG = own + sgn * (dbeta if beta is None else beta * dbeta)
