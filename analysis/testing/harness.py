@@ -1105,6 +1105,7 @@ class Report:
     vacuous_cases: int = 0
     shrunk: bool = True
     seed: Optional[int] = None
+    shrink_cases: int = 0  # of ``examples``, those run after the first failure (shrinking)
 
     @property
     def verdict(self) -> str:
@@ -1123,10 +1124,18 @@ class Report:
     def exit_code(self) -> int:
         return EXIT_CODES[self.verdict]
 
+    def _cases(self) -> str:
+        """How many cases ran: those drawn, and apart from them those tried while shrinking (so
+        that ``--examples 5`` is not reported as "103 cases")."""
+        if not self.shrink_cases:
+            return f"{self.examples} cases"
+        drawn = self.examples - self.shrink_cases
+        return f"{drawn} case{'s' if drawn != 1 else ''} drawn, {self.shrink_cases} more while shrinking"
+
     def __str__(self) -> str:
         head = (
             f"{self.kernel} vs {self.reference} | strategy {self.strategy} | inputs {self.precision} | "
-            f"contract {self.model} | {self.examples} cases"
+            f"contract {self.model} | {self._cases()}"
             + (f" | seed {self.seed}" if self.seed is not None else "")
         )
         lines = [head, f"worst: {self.worst}" if self.worst else "worst: (no case ran)"]
@@ -1196,6 +1205,7 @@ def run_case(
     both callables (and the bound) receive instead of the rounded inputs (fair pairing);
     ``outputs``: a list that receives the kernel's outputs, for a caller that measures more than
     the bound without running the kernel twice."""
+    _callables(kernel=kernel, reference=reference)
     contract = as_contract(model)
     precision = input_dtype(precision)
     device = torch.device(device)
@@ -1240,6 +1250,15 @@ def run_case(
             got = tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
             return _crash(
                 case, strategy, f"output {name!r}: kernel gave {got}, reference {tuple(r.shape)}"
+            )
+        if k.device != r.device:
+            # compared as is, this raised outside any case ("Tensor on device cpu is not on the
+            # expected device meta!"): no case, no snippet, no word that the kernel was at fault
+            return _crash(
+                case,
+                strategy,
+                f"output {name!r}: kernel returned it on device {k.device}, but its inputs were "
+                f"on {r.device}; return the result on the inputs' device",
             )
         if k.dtype not in OUTPUT_DTYPES:
             return _crash(
@@ -1424,6 +1443,7 @@ def check(
     ``progress``: a line on stderr every few seconds.
     """
     pin_local_constants()  # the cases depend on strategy and seed only (analysis.testing.strategies.reproducible)
+    _callables(kernel=kernel, reference=reference)
     dtype = input_dtype(precision)
     contract = as_contract(model)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -1448,6 +1468,8 @@ def check(
 
     def prop(case):
         rep.examples += 1
+        if state["last_failure"] is not None:
+            rep.shrink_cases += 1
         ctx = nan_poisoned_empty() if poison else contextlib.nullcontext()
         with ctx:
             found = run_case(
@@ -1526,6 +1548,17 @@ def assert_matches(
     if rep.verdict == FAIL or (conclusive and rep.verdict != PASS):
         raise AssertionError(str(rep))
     return rep
+
+
+def _callables(**named) -> None:
+    """TypeError naming the argument that is not callable: a "module:function" string passed
+    here (the pytest fixture takes those) was reported as a FAIL of every case, "reference
+    raised TypeError: 'str' object is not callable"."""
+    for arg, fn in named.items():
+        if callable(fn):
+            continue
+        hint = f"; resolve it with harness.load({fn!r})" if isinstance(fn, str) else ""
+        raise TypeError(f"{arg} must be a callable, got {fn!r}{hint}")
 
 
 def _name(fn) -> str:
@@ -1695,7 +1728,26 @@ def main(argv=None) -> int:
         derandomize=True,
     )
     print(rep)
+    if rep.failure is not None and rep.failure.snippet:
+        print(_rerun_snippet(args, device, sizes))
     return rep.exit_code
+
+
+def _rerun_snippet(args, device, sizes: dict) -> str:
+    """The lines that, pasted after the printed case, rerun it as this command did."""
+    opts = "".join(f", {k}={v!r}" for k, v in sizes.items())
+    prepare = f", prepare=harness.load({args.prepare!r})" if args.prepare else ""
+    lines = [
+        "from analysis.testing import harness",
+        f"strategy = harness.STRATEGIES[{args.strategy!r}](precision=torch.{args.precision}, "
+        f"device={str(device)!r}{opts})",
+        "with harness.nan_poisoned_empty():",
+        f"    findings = harness.run_case(harness.load({args.kernel!r}), "
+        f"harness.load({args.reference!r}), strategy, case, precision={args.precision!r}, "
+        f"model={args.model!r}, device={str(device)!r}{prepare})",
+        "print(*findings, sep='\\n')",
+    ]
+    return "then rerun it with:\n" + "\n".join("    " + line for line in lines)
 
 
 if __name__ == "__main__":
