@@ -103,7 +103,10 @@ def markdown() -> list:
         "claim's mapping: your entries replace the toolkit's functions of the same name, everything else "
         "(the mpmath references included) stays. Only the selected claims whose mapping has one of your names "
         "run, each held to its precision's contract bound where one exists (`gka.alg1`), and a run whose bound "
-        "was vacuous on some case is reported `inconclusive`, not `holds`. A name that no selected claim calls, "
+        "was vacuous on some case is reported `inconclusive`, not `holds`: a bound at least the size of the "
+        "exact result, or of the exact iterate it bounds the error of (so an all-zero result cannot hold). A "
+        "run that never called any of your functions (a check of the mpmath references alone, say) is "
+        "reported `not exercised`, never `holds`. A name that no selected claim calls, "
         "or an empty mapping, is a usage error (exit 2). Exit status: 0 every verdict matches the record, "
         "1 some verdict differs from it, 2 usage error, 3 no verdict differs but some run is inconclusive.",
         "",

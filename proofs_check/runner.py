@@ -38,7 +38,44 @@ from .claim import (
     Result,
 )
 from .contract_route import INCONCLUSIVE
-from .search import DEFAULT_EXAMPLES, check_seed, run_claim
+from .search import DEFAULT_EXAMPLES, check_seed
+from .search import run_claim as _search_claim
+
+
+def claim_precision(claim, precision) -> str:
+    """The precision label ``precision`` names for ``claim``: one of ``claim.precisions``, or a
+    precision contract (a :class:`solvers.contracts.Contract` or a contract name) equal to the
+    preset of one of them. ``ValueError`` otherwise: a claim has no check outside its precisions
+    (its check would run in some other precision, or in none, and report that run's verdict)."""
+    if isinstance(precision, str) and precision in claim.precisions:
+        return precision
+    contract = None
+    try:
+        from solvers.contracts import PRESETS, parse
+
+        contract = parse(precision)
+    except (TypeError, ValueError):
+        pass
+    else:
+        if contract.name in claim.precisions and PRESETS.get(contract.name) == contract:
+            return contract.name
+    other = contract is not None and contract.name not in ALL_PRECISIONS
+    what = f"contract {contract.name!r}" if other else f"precision {precision!r}"
+    hint = (
+        " (a claim runs in its own precisions, the toolkit references' arithmetic; to hold a "
+        "kernel to another contract use analysis.testing.harness)"
+        if other
+        else ""
+    )
+    raise ValueError(f"{claim.id} runs in {', '.join(claim.precisions)}, not in {what}{hint}")
+
+
+def run_claim(claim, precision, **kwargs) -> Result:
+    """Search one claim in one precision (:func:`proofs_check.search.run_claim`, same keyword
+    arguments: ``examples``, ``deterministic``, ``impl``, ``shrink``, ``record``, ``seed``).
+    ``precision``: one of ``claim.precisions``, or a precision contract equal to one of them
+    (:func:`claim_precision`; ``ValueError`` otherwise)."""
+    return _search_claim(claim, claim_precision(claim, precision), **kwargs)
 
 
 def run(
@@ -101,24 +138,36 @@ def _run_pairs(
         from .claim import Pending
         from .implementations import merged
 
+        calls, counted = _counting(impl)
         results = []
         for claim, p in pairs:
             try:
-                mapping = merged(claim, impl)
+                mapping = merged(claim, counted)
             except Pending as exc:
                 results.append(Result(claim, p, 0, None, PENDING, message=str(exc)))
             else:
-                results.append(
-                    run_claim(
-                        claim,
-                        p,
-                        examples=examples,
-                        deterministic=deterministic,
-                        shrink=shrink,
-                        impl=mapping,
-                        seed=seed,
-                    )
+                if calls is not None:
+                    calls[0] = 0
+                result = run_claim(
+                    claim,
+                    p,
+                    examples=examples,
+                    deterministic=deterministic,
+                    shrink=shrink,
+                    impl=mapping,
+                    seed=seed,
                 )
+                if calls is not None and calls[0] == 0 and result.verdict == HOLDS:
+                    # the check ran the toolkit's functions (or mpmath references) alone: its
+                    # "holds" says nothing about the implementation under test
+                    result.extra["verdict_on_toolkit"] = result.verdict
+                    result.verdict = NOT_EXERCISED
+                    result.message = (
+                        f"no case called {', '.join(sorted(map(str, impl)))} in this precision "
+                        f"(the check ran the toolkit's functions only): no verdict on your "
+                        f"implementation"
+                    )
+                results.append(result)
             if progress is not None:
                 progress(results[-1])
         return results
@@ -136,6 +185,36 @@ def _run_pairs(
     )
 
 
+NOT_EXERCISED = "not exercised"  # --impl: no case of the run called the implementation under test
+
+
+def _counting(impl: Mapping) -> tuple:
+    """``(calls, counted)``: ``impl`` with each function wrapped to add its calls to
+    ``calls[0]``; ``calls`` is None (nothing counted) when some entry is a class or not a
+    function, whose use by a check cannot be seen."""
+    import functools
+    import inspect
+
+    if any(inspect.isclass(f) or not callable(f) for f in impl.values()):
+        return None, dict(impl)
+    calls = [0]
+
+    def counted(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            calls[0] += 1
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    return calls, {k: counted(f) for k, f in impl.items()}
+
+
+def is_not_exercised(result: Result) -> bool:
+    """A run on an implementation under test in which no case called any of its functions."""
+    return result.verdict == NOT_EXERCISED
+
+
 def is_inconclusive(result: Result) -> bool:
     """A run on an implementation under test that found no failure but had a vacuous bound on some
     case, where the record says ``holds``: no verdict either way, not a changed verdict."""
@@ -143,8 +222,9 @@ def is_inconclusive(result: Result) -> bool:
 
 
 def differs(result: Result) -> bool:
-    """The observed verdict is a different verdict from the recorded one (inconclusive is none)."""
-    return not result.matches and not is_inconclusive(result)
+    """The observed verdict is a different verdict from the recorded one (inconclusive and not
+    exercised are none)."""
+    return not result.matches and not is_inconclusive(result) and not is_not_exercised(result)
 
 
 def exit_status(results: list) -> int:
@@ -222,6 +302,8 @@ def _row_text(r: Result, results: list) -> str:
         return text
     if is_inconclusive(r):
         return f"{text} (recorded: {r.expected})"
+    if is_not_exercised(r):
+        return f"{text}: your functions were not called"
     return f"MISMATCH: {text} (recorded: {r.expected})"
 
 
@@ -308,10 +390,13 @@ def _failures(results: list, show_counterexamples: bool, width: Optional[int]) -
             break_on_hyphens=False,
         ) or [indent]
 
-    out, vague = [], []
+    out, vague, idle = [], [], []
     for r in results:
         if is_inconclusive(r):
             vague += wrap(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}", "")
+            continue
+        if is_not_exercised(r):
+            idle += wrap(f"{r.claim.id} [{r.precision}]: {r.message}", "")
             continue
         if r.verdict == FAILS and show_counterexamples:
             out += wrap(
@@ -322,12 +407,15 @@ def _failures(results: list, show_counterexamples: bool, width: Optional[int]) -
                 out += wrap(
                     f"measured {r.worst.value:.6g} > bound {r.worst.bound:.6g}{detail}", "    "
                 )
-        if r.verdict in (ERROR, PENDING) or (not r.matches and r.message):
+        shown = r.verdict == FAILS and show_counterexamples  # its measurement is printed above
+        if r.verdict in (ERROR, PENDING) or (not r.matches and r.message and not shown):
             out += wrap(f"{r.claim.id} [{r.precision}] {r.verdict}: {r.message}", "")
     if out:
         out = ["", "counterexamples (measured value against its bound):"] + out
     if vague:
         out += ["", "inconclusive (no case failed, but some case's bound was vacuous):"] + vague
+    if idle:
+        out += ["", "not exercised (no verdict on your implementation):"] + idle
     return out
 
 
@@ -342,9 +430,12 @@ def format_table(
     extra = _failures(results, show_counterexamples, width)
     mism = sum(differs(r) for r in results)
     vague = sum(is_inconclusive(r) for r in results)
+    idle = sum(is_not_exercised(r) for r in results)
     summary = f"{len(results)} runs of {len({r.claim.id for r in results})} claims; {mism} differ from the record"
     if vague:
         summary += f", {vague} inconclusive"
+    if idle:
+        summary += f", {idle} did not call your functions"
     if {c.id for c in registry.all_claims()} <= {r.claim.id for r in results}:
         from .docs import headline
 
@@ -389,8 +480,10 @@ returning one), e.g. IMPL = {"chebyshev": my_chebyshev} in mymod.py. It is merge
 claim's own mapping: your functions replace the toolkit's of the same name (same arguments),
 the rest, the exact mpmath references (names ending in _mp) included, stays. Only the selected
 claims whose mapping has one of your names run, held to each precision's contract bound where
-one exists; a run with a vacuous bound on some case is "inconclusive". A name no selected claim
-calls, or an empty mapping, is a usage error. The names each paper's claims take (docs/claims.md,
+one exists (a bound at least the size of what the output approximates is vacuous); a run with a
+vacuous bound on some case is "inconclusive", and one in which no case called your functions is
+"not exercised" (no verdict, not a change). A name no selected claim calls, or an empty mapping,
+is a usage error. The names each paper's claims take (docs/claims.md,
 "Testing your implementation", lists the claims of each):
 {names}
 
@@ -591,7 +684,13 @@ def main(argv: Optional[list] = None, *, prog: str = "python -m proofs_check") -
         return 0
 
     def progress(r: Result) -> None:
-        flag = "  <-- inconclusive" if is_inconclusive(r) else "  <-- differs from the record"
+        flag = (
+            "  <-- inconclusive"
+            if is_inconclusive(r)
+            else "  <-- your functions not called"
+            if is_not_exercised(r)
+            else "  <-- differs from the record"
+        )
         print(
             f"  {r.claim.id} [{r.precision}] {r.verdict} ({r.tried} cases, {r.seconds:.1f}s)"
             f"{'' if r.matches else flag}",

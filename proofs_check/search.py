@@ -130,7 +130,10 @@ def run_claim(
         verdict, message = ERROR, f"{type(exc).__name__}: {exc}"
     if verdict == HOLDS and state["vacuous"]:
         verdict = contract_route.INCONCLUSIVE
-        message = f"{state['vacuous']} of {state['tried']} cases had a vacuous bound (relative bound >= 1)"
+        message = (
+            f"{state['vacuous']} of {state['tried']} cases had a vacuous bound (at least the "
+            "size of the exact result or of the exact iterate it bounds)"
+        )
     return Result(
         claim,
         precision,
