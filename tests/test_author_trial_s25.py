@@ -37,25 +37,18 @@ def test_wrong_device_is_a_finding_with_its_case():
     assert "spd_case(" in rep.failure.snippet
 
 
+def _run_scaled(capsys):
+    """The harness CLI on the failing kernel ``scaled``: 5 cases, seed 0, on the CPU."""
+    code = harness.main(
+        [f"{__name__}:scaled", "solvers:chebyshev", "--strategy", "spd", "--precision", "float32"]
+        + ["--examples", "5", "--seed", "0", "--device", "cpu"]
+    )
+    return code, capsys.readouterr().out
+
+
 def test_header_separates_drawn_cases_from_shrinking(capsys):
     # was: "--examples 5" reported as "103 cases" (the shrinker's runs counted as cases)
-    code = harness.main(
-        [
-            f"{__name__}:scaled",
-            "solvers:chebyshev",
-            "--strategy",
-            "spd",
-            "--precision",
-            "float32",
-            "--examples",
-            "5",
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-        ]
-    )
-    out = capsys.readouterr().out
+    code, out = _run_scaled(capsys)
     assert code == 1
     head = out.splitlines()[0]
     assert "while shrinking" in head, head
@@ -66,23 +59,7 @@ def test_header_separates_drawn_cases_from_shrinking(capsys):
 def test_cli_failure_prints_a_snippet_that_reruns_the_case(capsys):
     # was: only the case was printed; the run_case call (with the command's strategy sizes,
     # contract and poisoned empty) had to be pieced together from the docs
-    code = harness.main(
-        [
-            f"{__name__}:scaled",
-            "solvers:chebyshev",
-            "--strategy",
-            "spd",
-            "--precision",
-            "float32",
-            "--examples",
-            "5",
-            "--seed",
-            "0",
-            "--device",
-            "cpu",
-        ]
-    )
-    out = capsys.readouterr().out
+    code, out = _run_scaled(capsys)
     assert code == 1 and "then rerun it with:" in out
     block = out[out.index("rebuild it with:") :].splitlines()[1:]
     src = "\n".join(line[4:] for line in block if line.startswith("    "))
