@@ -233,7 +233,7 @@ class KernelHarness:
             return strategy
         if not isinstance(strategy, str) or strategy not in h.STRATEGIES:
             raise ValueError(
-                f"strategy must be a analysis.testing.harness.Strategy or one of {sorted(h.STRATEGIES)}, "
+                f"strategy must be an analysis.testing.harness.Strategy or one of {sorted(h.STRATEGIES)}, "
                 f"got {strategy!r}"
             )
         if precision not in h.PRECISIONS:
