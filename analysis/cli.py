@@ -82,15 +82,10 @@ class Progress:
 # ---------------------------------------------------------------------- verification
 
 
-def _size(row: VerificationRow) -> float:
-    """The exact result's size in the row's error units (``VerificationRow.reference_size``)."""
-    return getattr(row, "reference_size", 1.0)
-
-
 def _conclusive(bound: float, row: VerificationRow) -> bool:
     """A bound says something only where it is finite and below the size of the result it bounds
     errors of (1 for relative errors): a bound as large as that is no check. NaN: no bound."""
-    size = _size(row)
+    size = row.reference_size
     return math.isfinite(bound) and bound < size if math.isfinite(size) else False
 
 

@@ -69,7 +69,7 @@ def carry_backwards(delta: torch.Tensor, decay_last: torch.Tensor) -> torch.Tens
 
 @triton.jit
 def symmetric_carry_kernel(
-    p_delta, p_S, p_c, p_decay, p_out, NC, D, NT, HAS_DECAY: tl.constexpr, BT: tl.constexpr
+    p_delta, p_S, p_c, p_decay, p_out, NC, D, HAS_DECAY: tl.constexpr, BT: tl.constexpr
 ):
     # tile (ti, tj), ti <= tj, of Sigma_n = E_n + E_n^T for the carry E of delta_m + c_m S_m:
     #   Sigma_{n-1} = zeta^n_C Sigma_n + (delta_n + delta_n^T) + c_n (S_n + S_n^T);
@@ -127,6 +127,6 @@ def symmetric_carry(
     decay = decay_last.to(torch.float32).contiguous() if has_decay else c
     nt = triton.cdiv(D, SYM_TILE)
     symmetric_carry_kernel[(N, nt, nt)](
-        delta, S, c, decay, out, NC, D, nt, HAS_DECAY=has_decay, BT=SYM_TILE, num_warps=4
+        delta, S, c, decay, out, NC, D, HAS_DECAY=has_decay, BT=SYM_TILE, num_warps=4
     )
     return out

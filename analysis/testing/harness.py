@@ -1245,6 +1245,7 @@ def run_case(
             f"expected outputs {strategy.outputs}, got {len(k_out)} from the kernel and "
             f"{len(r_out)} from the reference",
         )
+    coarsest = _coarsest_output(contract, precision)
     for name, k, r in zip(strategy.outputs, k_out, r_out):
         if not isinstance(k, torch.Tensor) or k.shape != r.shape:
             got = tuple(k.shape) if isinstance(k, torch.Tensor) else type(k).__name__
@@ -1267,8 +1268,7 @@ def run_case(
                 f"output {name!r}: kernel gave dtype {str(k.dtype)[6:]}, expected one of "
                 f"{', '.join(str(d)[6:] for d in OUTPUT_DTYPES)}",
             )
-        coarsest = _coarsest_output(contract, precision)
-        if _eps(k.dtype) > _eps(coarsest):
+        if unit_roundoff(k.dtype) > unit_roundoff(coarsest):
             # the bound adds the rounding of the dtype the kernel returns, so an undeclared
             # downcast (float32 inputs, bf16 result) would pass with a bf16 allowance
             return _crash(
@@ -1332,17 +1332,13 @@ def run_case(
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bounds model
 
 
-def _eps(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps
-
-
 def _coarsest_output(contract, precision: torch.dtype) -> torch.dtype:
     """The coarsest result dtype a contract allows for inputs of ``precision``: its declared
     ``output``; else the inputs' dtype, or the storage dtype where the contract stores
     intermediates rounded to it (a bf16-storage kernel may return its stored iterate)."""
     if contract.output is not None:
         return contract.output
-    if contract.stored and _eps(contract.storage) > _eps(precision):
+    if contract.stored and unit_roundoff(contract.storage) > unit_roundoff(precision):
         return contract.storage
     return precision
 
