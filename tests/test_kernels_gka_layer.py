@@ -689,15 +689,19 @@ def test_gpu_wgmma_solve_flags():
         kernels.gka_solve(x["q"], k, a=0.02, iters=30)
 
 
-def _dq_on_wgmma(x, *, a, iters, layer, monkeypatch):
+def _dq_on_wgmma(x, *, a, iters, layer, monkeypatch, drop_rhs=False):
     """dq of kernels.gka_solve (or of the layer, with ``layer``) and the float64 r-step solve of
     its cotangent, the FWD bound on it, and how many calls of the warp-group MMA kernel ran
-    (the forward and the backward's dq: 2)."""
+    (the forward and the backward's dq: 2). ``drop_rhs``: the broken variant whose dq solve
+    takes q instead of the cotangent."""
     calls = []
     original = mod.wgmma.solve_chunks_wgmma
-    monkeypatch.setattr(
-        mod.wgmma, "solve_chunks_wgmma", lambda *p, **kw: calls.append(1) or original(*p, **kw)
-    )
+
+    def spy(*p, **kw):
+        calls.append(1)
+        return original(*p, **({**kw, "rhs": None} if drop_rhs else kw))
+
+    monkeypatch.setattr(mod.wgmma, "solve_chunks_wgmma", spy)
     q = x["q"].clone().requires_grad_(True)
     gen = torch.Generator().manual_seed(33)
     x64 = f64(x)
@@ -749,6 +753,17 @@ def test_gpu_wgmma_solve_backward_dq_within_bound(monkeypatch):
     assert calls == 2  # the forward and the backward's dq ran on warp-group MMA
     assert bool((err <= b).all())  # FWD on the cotangent solve
     assert bool((b < size).any())  # and FWD is a check somewhere: below the size it bounds
+
+
+@pytest.mark.gpu
+def test_gpu_wgmma_solve_backward_dq_without_its_cotangent_fails(monkeypatch):
+    # the same check catches a dq solve that takes q in place of the cotangent
+    x = wgmma_case(33)
+    err, b, _, calls = _dq_on_wgmma(
+        x, a=0.02, iters=30, layer=False, monkeypatch=monkeypatch, drop_rhs=True
+    )
+    assert calls == 2
+    assert not bool((err <= b).all())
 
 
 @pytest.mark.gpu
