@@ -703,7 +703,9 @@ def _dq_on_wgmma(x, *, a, iters, layer, monkeypatch, drop_rhs=False):
 
     monkeypatch.setattr(mod.wgmma, "solve_chunks_wgmma", spy)
     q = x["q"].clone().requires_grad_(True)
-    gen = torch.Generator().manual_seed(33)
+    # not the seed of q's draw (wgmma_case(33)): the cotangent would equal q, and a dq solve
+    # that took q in its place would pass
+    gen = torch.Generator().manual_seed(1033)
     x64 = f64(x)
     N, T, D = x64["q"].shape
     st = per_token(x64, a)
