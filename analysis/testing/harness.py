@@ -10,14 +10,16 @@ dtype); an optional ``prepare`` hook turns them into what *both* callables recei
 rounded beta, normalised query, gates: fair pairing); the kernel runs on them, the reference
 runs in float32 on the same values (widened exactly). For each output and system
 
-    error <= bound = B(contract) + B(float32) + u(out) ||kernel output||
+    error <= bound = B(contract) + B(float32) + R(kernel output)
 
 * ``B(contract)`` bounds the kernel's distance to the exact result of the same algorithm on the
   same inputs, for the arithmetic it declares (``--model``: a ``solvers.contracts.Contract``
   preset such as ``float32``, ``bfloat16/operands``, ``bfloat16/storage``, ``tf32``, or a
-  composed one); ``B(float32)`` the reference's; the last term is the one rounding of the
-  stored result. Strategies supply B from ``analysis.bounds.contract`` (running bounds along
-  the exact trajectory) and ``analysis.bounds.kaczmarz`` (KLA);
+  composed one); ``B(float32)`` the reference's; ``R`` is the one rounding of the returned
+  result, half a spacing at each entry (:func:`output_rounding_bound`), left out where the
+  strategy's B already ends with it (``Strategy.stored_outputs``). Strategies supply B from
+  ``analysis.bounds.contract`` (running bounds along the exact trajectory) and
+  ``analysis.bounds.kaczmarz`` (KLA);
 * a case whose bound is at least the size of what it bounds (``bound >= ||reference output||``)
   cannot tell a correct kernel from a broken one: it is *vacuous*, and a run with a vacuous
   case and no failure is INCONCLUSIVE, never PASS.
@@ -185,8 +187,14 @@ class Strategy(SearchStrategy):
         doc: str = "",
         errors: Optional[Callable] = None,
         vacuity_dims: Optional[tuple] = None,
+        stored_outputs: Optional[Callable] = None,
     ):
         super().__init__()
+        # stored_outputs(contract) -> per output, the dtype to which the kernel's bound already
+        # rounds that output (the store of its last iterate, state or o_t), or None: an output
+        # returned in that dtype or a finer one was rounded once, inside the bound, so the
+        # output-rounding term is not added a second time
+        self.stored_outputs = stored_outputs
         # per output, the dims of its entries (core dims removed) that make one unit for the
         # vacuity test, or None: a KLA sequence's outputs o_t are judged together, since a
         # token whose output cancels to a small vector says nothing about the bound
@@ -430,6 +438,11 @@ def _solve_scales(case, rounded, contract):
     return ((k.bound[-1] + r.bound[-1]).to(rounded["H"].device),)
 
 
+def _stored_iterate(contract) -> tuple:
+    """x: ``linear_bound`` bounds the store of the last iterate too when the contract stores it."""
+    return (contract.storage if contract.stores("iterate") else None,)
+
+
 def _cg_errors(case, rounded, k_out, r_out):
     """CG: the kernel's A-norm error to the exact solution x* (float64), and the A-norm size of
     the one rounding of its stored output, ``u(out) sqrt(lam_max) ||x_hat||``."""
@@ -540,6 +553,7 @@ def spd(
         (1,),
         _solve_scales,
         doc="SPD systems; running bound of the contract along the exact trajectory",
+        stored_outputs=_stored_iterate,
     )
 
 
@@ -685,6 +699,7 @@ def gka_ridge(
         (1,),
         _ridge_scales,
         doc="GKA ridge systems; running bound of the contract on H + a||H||_F I",
+        stored_outputs=_stored_iterate,
     )
 
 
@@ -1036,7 +1051,16 @@ def kla(
         functools.partial(_kla_scales, form=form),
         doc=f"KLA sequences ({form} form); bound: analysis.bounds.kaczmarz running error bounds",
         vacuity_dims=((-2,), None),  # o (B, T, H): a head's whole sequence is one unit
+        stored_outputs=_kla_stored,
     )
+
+
+def _kla_stored(contract) -> tuple:
+    """o_t and S_T: the KLA bounds end with each o_t and S_T stored in the dtype of the
+    references' arithmetic they are written for (``arith_of``: ``u_store |o_t|``,
+    ``u_store |S_T|``, analysis.bounds.kaczmarz)."""
+    dtype = arith_of(as_contract(contract)).dtype
+    return (dtype, dtype)
 
 
 STRATEGIES = {
@@ -1284,6 +1308,11 @@ def run_case(
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
     scales = strategy.scales(prepared, exact, contract)
     measured = strategy.errors(prepared, exact, k_out, r_out) if strategy.errors else None
+    covered = (
+        strategy.stored_outputs(contract)
+        if strategy.stored_outputs
+        else (None,) * len(strategy.outputs)
+    )
     findings = []
     for idx, (name, core, k, r, b) in enumerate(
         zip(strategy.outputs, strategy.core_dims, k_out, r_out, scales)
@@ -1292,9 +1321,10 @@ def run_case(
         k64, r64 = k.to(torch.float64), r.to(torch.float64)
         if measured is None:
             err = torch.linalg.vector_norm(k64 - r64, dim=dims) if core else (k64 - r64).abs()
-            out_round = unit_roundoff(k.dtype) * (
-                torch.linalg.vector_norm(k64, dim=dims) if core else k64.abs()
-            )
+            if _rounded_in_bound(covered[idx], k.dtype):
+                out_round = torch.zeros((), dtype=torch.float64, device=err.device)
+            else:
+                out_round = output_rounding_bound(k, dims)
             size = torch.linalg.vector_norm(r64, dim=dims) if core else r64.abs()
         else:
             err, out_round = measured[idx]
@@ -1330,6 +1360,29 @@ def run_case(
 
 
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bounds model
+
+
+def output_rounding_bound(y: torch.Tensor, dims: tuple) -> torch.Tensor:
+    """A bound on ``||y - v||_2`` over ``dims`` (an entry's absolute value for ``dims = ()``) for
+    any value v that rounds to nearest to the result ``y`` in its dtype: half a spacing at each
+    entry, ``u 2^floor(log2 |y_i|)`` (u = the dtype's unit roundoff; ``u 2^e_min`` for a zero or
+    subnormal entry). Below a power of two ``y_i = 2^e`` the spacing halves, so ``u 2^e`` covers
+    both sides. At most ``u |y_i|`` for a normal entry (Higham eq. (2.4)), on average about 0.7 of it."""
+    u, tiny = unit_roundoff(y.dtype), torch.finfo(y.dtype).tiny
+    y = y.detach().to(torch.float64).abs().clamp_min(tiny)
+    e = torch.floor(torch.log2(y))
+    e = (
+        e + (torch.exp2(e + 1) <= y).to(e.dtype) - (torch.exp2(e) > y).to(e.dtype)
+    )  # log2's rounding
+    h = u * torch.exp2(e)
+    return torch.linalg.vector_norm(h, dim=dims) if dims else h
+
+
+def _rounded_in_bound(stored: Optional[torch.dtype], out: torch.dtype) -> bool:
+    """Whether an output returned in ``out`` was already rounded inside the bound (the strategy's
+    ``stored_outputs``: it bounds a store to ``stored``, and ``out`` is that dtype or finer, so
+    returning the stored value rounds nothing more)."""
+    return stored is not None and unit_roundoff(out) <= unit_roundoff(stored)
 
 
 def _coarsest_output(contract, precision: torch.dtype) -> torch.dtype:
