@@ -111,7 +111,14 @@ def test_omega_star_checks_rho(r, exc):
 def test_apriori_fixes_keep_good_values():
     assert float(it.omega_star(0.0)) == 1.0 and float(it.omega_star(1.0)) == 2.0
     assert float(it.gd_bound_for_step(0.5, 1.0, 3.0, 2)) == 0.25
-    assert float(it.log_chebyshev_t(1, 2.0)) == pytest.approx(math.log(2.0), rel=1e-15)
+    # log T_1(2) = acosh 2 + log1p(exp(-2 acosh 2)) - log 2 = 1.317 + 0.069 - 0.693, u = 2^-53:
+    # acosh (1 ulp) and the two sums give 4u on 1.317; the log1p term 12u (exp of an argument
+    # carrying 4u times 2.6, exp and log1p 1 ulp each); log 2 and the difference 2u on 0.693:
+    # absolute 7.4u, i.e. 10.7u = 1.2e-15 relative
+    acosh2 = math.acosh(2.0)
+    small = math.log1p(math.exp(-2 * acosh2))
+    rel = (4 * acosh2 + 12 * small + 2 * math.log(2.0)) * 2.0**-53 / math.log(2.0)
+    assert float(it.log_chebyshev_t(1, 2.0)) == pytest.approx(math.log(2.0), rel=rel)
     k = torch.tensor([4.0, 9.0], dtype=F64)
     kc = k.clone()
     assert torch.isfinite(it.chebyshev_bound(k, torch.tensor([[0], [5]]))).all()

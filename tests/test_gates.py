@@ -33,6 +33,7 @@ from solvers.gates import (
 
 F64 = torch.float64
 OPS = 16  # see module docstring
+U = 2.0**-53
 DPS = 50
 
 
@@ -176,8 +177,15 @@ def test_cumulative_log_decay_fails_off_by_one():
     g = torch.tensor([-0.1, -0.5, -0.2], dtype=F64)
     G = cumulative_log_decay(g)
     shifted = torch.cat([torch.zeros(1, dtype=F64), G[:-1]])
-    assert torch.allclose(torch.exp(G), torch.cumprod(torch.exp(g), 0))
-    assert not torch.allclose(torch.exp(shifted), torch.cumprod(torch.exp(g), 0))
+    direct = torch.cumprod(torch.exp(g), 0)
+    # G_t within gamma_t sum|g| (module docstring), exp adds 2u; the direct product: t exps
+    # (2u each) and t - 1 products: gamma_{3t} relative, so together gamma_t sum|g| + gamma_{3t+2}
+    t = torch.arange(1, 4, dtype=F64)
+    u = 2.0**-53
+    gam = lambda n: n * u / (1 - n * u)  # noqa: E731  Higham's gamma_n
+    bound = (gam(t) * torch.cumsum(g.abs(), 0) + gam(3 * t + 2)) * direct
+    assert bool(((torch.exp(G) - direct).abs() <= bound).all())
+    assert not bool(((torch.exp(shifted) - direct).abs() <= bound).all())
 
 
 # ------------------------------------------------------------------ the proposal's printed claims
@@ -237,22 +245,29 @@ def test_continuous_stable_ssm_scale():
 
 def test_proposal_numbers():
     """The worked numbers of "Effect on optimization" and "Risks" (docs/errata.md). Tolerances:
-    float64 values within OPS u of exact are compared with 1e-15 (absolute, values <= 1), and
-    printed decimals at the precision they are printed with."""
+    float64 values within OPS u of exact (relative), plus the rounding of their argument and of
+    the expected value (below, per value); printed decimals at the precision they are printed
+    with."""
     sig, bal = SigmoidGate(), BalancedGate()
     z99 = math.log(99.0)  # sigma(z) = 0.99
     t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
     assert abs(z99 - 4.6) < 0.01  # "z ~ 4.6": holds
     d99, d50 = float(sig.derivative(t(z99))), float(sig.derivative(t(0.0)))
+    # sigma'(log 99) = 0.99 * 0.01 exactly: OPS u, plus log 99's rounding (4.6u absolute, times
+    # |sigma''/sigma'| = 0.98: 4.5u relative) and 0.0099's (u): (OPS + 6) u relative = 2.4e-17
     assert (
-        abs(d99 - 0.0099) < 1e-15 and d50 == 0.25
+        abs(d99 - 0.0099) <= (OPS + 6) * U * 0.0099 and d50 == 0.25
     )  # "sigma'(4.6) ~ 0.01", "sigma'(0) = 0.25": hold
     assert abs(d50 / d99 - 25.2525) < 1e-3  # printed "100x smaller": the ratio is 25.25
     assert not abs(d50 / d99 - 100) < 10
     zb = math.sqrt(99.0)  # phi(z) = 0.99 for a = b = 1
-    assert abs(float(bal.value(t(zb))) - 0.99) < 1e-15 and abs(zb - 10) < 0.06  # "z ~ 10": holds
-    assert (
-        abs(float(bal.derivative(t(10.0))) - 20 / 101**2) < 1e-18
+    # phi(sqrt 99) = 99/100 exactly: OPS u, plus sqrt 99's rounding (moving phi by 0.02u) and
+    # 0.99's (u): (OPS + 2) u relative
+    phi_b = float(bal.value(t(zb)))
+    assert abs(phi_b - 0.99) <= (OPS + 2) * U * 0.99 and abs(zb - 10) < 0.06  # "z ~ 10": holds
+    # OPS u, and 20 / 101**2 rounded once: (OPS + 1) u relative = 3.7e-18
+    assert abs(float(bal.derivative(t(10.0))) - 20 / 101**2) <= (OPS + 1) * U * (
+        20 / 101**2
     )  # "phi'(10) = 20/101^2 ~ 0.002"
     assert (
         float(bal.value(t(1.0))) == 0.5 and float(bal.derivative(t(1.0))) == 0.5

@@ -5,6 +5,7 @@ from kernel_support import DEVICE, needs_triton_device, poisoned_outputs  # noqa
 
 import kernels
 import solvers
+from analysis.precision import gamma
 from analysis.testing import harness
 
 pytestmark = needs_triton_device
@@ -361,8 +362,16 @@ def test_strategies_are_composable_hypothesis_strategies():
     def prop(inputs):
         D = inputs["q"].shape[-1]
         assert D & (D - 1) == 0
-        assert torch.allclose(inputs["q"].norm(dim=-1), torch.ones(()).double())
-        assert float(torch.linalg.eigvalsh(inputs["H"])[..., 0].min()) >= 1e-2 * (1 - 1e-9)
+        # float64, Higham's gamma_n (u = 2^-53): q / ||q|| and its norm, two D-term sums of
+        # squares, two sqrt and a division: gamma_{2D+3}
+        unit = gamma(2 * D + 3, 2.0**-53)
+        assert torch.allclose(inputs["q"].norm(dim=-1), torch.ones(()).double(), rtol=unit, atol=0)
+        # lambda_min >= 1e-2 for the drawn spectrum; the stored H = fl(Q diag(lam) Q^T) is within
+        # gamma_D || |Q| |Lambda| |Q|^T ||_2 <= D gamma_D lam_max of it, Haar Q orthogonal to ~D u and
+        # eigvalsh within D u lam_max (LAPACK, p(D) = D): (D gamma_D + 2 D u) lam_max
+        lam = torch.linalg.eigvalsh(inputs["H"])
+        slack = (D * gamma(D, 2.0**-53) + 2 * D * 2.0**-53) * float(lam[..., -1].max())
+        assert float(lam[..., 0].min()) >= 1e-2 - slack
         seen.append(D)
 
     prop()

@@ -183,4 +183,18 @@ def test_local_bound_of_gd_matches_a_hand_derivation():
         e_s = step * e_g + u * (step * g_abs + step * e_g)
         expected2.append(e_s + u * (x_abs + e_s))
     expected = torch.tensor([[0.0, 0.0], expected1, expected2], dtype=torch.float64)
-    assert torch.allclose(got, expected, rtol=1e-12, atol=0.0)  # float64 evaluation of the bound
+    # both sides are float64 evaluations of the same nonnegative expression of <= 15 operations:
+    # gamma_15(u_64) each (Higham Lemma 3.1), so 2 gamma_15 apart (measured: equal)
+    assert torch.allclose(got, expected, rtol=_LOCAL_RTOL, atol=0.0)
+
+
+_LOCAL_RTOL = 2 * _gamma(15, 2.0**-53)
+
+
+def test_local_bound_check_fails_for_gamma_n_minus_1(monkeypatch):
+    """The hand-derivation check catches the mutant of its docstring: gamma_{n-1} = gamma_1 in
+    place of gamma_2 for the length-2 dot products (1/3 of step 2's bound)."""
+    real = rb.gamma
+    monkeypatch.setattr(rb, "gamma", lambda n, u: real(n - 1 if n == 2 else n, u))
+    with pytest.raises(AssertionError):
+        test_local_bound_of_gd_matches_a_hand_derivation()

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 
+from analysis.precision import gamma
 from analysis.testing.strategies import (
     SPECTRUM_KINDS,
     haar_orthogonal,
@@ -51,8 +52,10 @@ def test_haar_orthogonal_is_orthogonal_and_batched():
 def test_spd_system_is_reproducible_and_unit_rhs():
     a, b = spd_system(7, 50.0, "outliers", seed=4), spd_system(7, 50.0, "outliers", seed=4)
     assert torch.equal(a.H, b.H) and torch.equal(a.q, b.q)
-    assert float(a.q.norm()) == pytest.approx(1.0, abs=4 * u64)
-    assert a.kappa == pytest.approx(50.0, rel=4 * u64) and a.L == 1.0
+    # q / ||q||: the norm gamma_{D/2+1}, the division u, the norm again gamma_{D/2+1}: gamma_{D+3}
+    assert float(a.q.norm()) == pytest.approx(1.0, rel=gamma(7 + 3, u64), abs=0)
+    # the ends are exact but mu = fl(1/50): kappa = 1/mu to gamma_2
+    assert a.kappa == pytest.approx(50.0, rel=gamma(2, u64), abs=0) and a.L == 1.0
 
 
 @given(ridge_systems(min_dim=2, max_dim=10))
@@ -60,10 +63,35 @@ def test_ridge_systems_have_the_gka_form(case):
     """GKA eq. (4): lambda = a ||H||_F, L = ||H||_F + lambda, mu = lambda, kappa <= (a+1)/a."""
     R = case.ridge
     fro = torch.linalg.matrix_norm(case.H)
-    assert float(R.lam) == pytest.approx(R.a * float(fro), rel=4 * u64)
-    assert float(R.L) == pytest.approx(float(fro + R.lam), rel=4 * u64)
-    eig = torch.linalg.eigvalsh(R.A)
-    assert float(eig[0]) >= float(R.mu) * (1 - 1e-12) and float(eig[-1]) <= float(R.L) * (1 + 1e-12)
+    # solvers.gka_ridge forms lambda = a ||H||_F and L = ||H||_F + lambda by these same float64
+    # operations (matrix_norm of the same H): equal, no tolerance
+    assert float(R.lam) == R.a * float(fro)
+    assert float(R.L) == float(fro + R.lam)
+    assert _spectrum_in(case, float(R.mu), float(R.L))
+
+
+def _spectrum_in(case, mu: float, L: float, T: int = 64) -> bool:
+    """eigvalsh(A) in [mu, L] up to the stored data's rounding and eigvalsh's (Weyl; Higham's
+    gamma_n): H = a sum of <= T (ridge_systems' max_T) gated outer products is within
+    gamma_{T+2} tr(H) of a PSD matrix, A's diagonal rounds once (u max A_ii), eigvalsh errs by
+    D u ||A||_2 (LAPACK, p(D) = D); at the top lam_max(H) <= ||H||_F to gamma_{D^2 + 1} and
+    L = fl(fro + lam): gamma_{D^2 + 3} relative."""
+    A = case.ridge.A
+    eig = torch.linalg.eigvalsh(A)
+    D, lam_max = A.shape[-1], float(eig[-1])
+    move = gamma(T + 2, u64) * float(torch.trace(case.H)) + u64 * float(A.diagonal().max())
+    move += D * u64 * lam_max
+    return float(eig[0]) >= mu - move and lam_max <= L * (1 + gamma(D * D + 3, u64)) + move
+
+
+def test_ridge_spectrum_check_fails_for_wrong_ends():
+    """The check can fail on a rank-one H (T = 1), whose A attains both ends: mu 0.1 % too large,
+    or L = ||H||_F without lambda."""
+    case = ridge_system(6, 0.02, T=1, seed=0)
+    R = case.ridge
+    assert _spectrum_in(case, float(R.mu), float(R.L), T=1)
+    assert not _spectrum_in(case, float(R.mu) * (1 + 1e-3), float(R.L), T=1)
+    assert not _spectrum_in(case, float(R.mu), float(R.L - R.lam), T=1)
 
 
 def test_bad_spectrum_arguments():
@@ -87,8 +115,12 @@ def test_one_log_uniform_generator_for_the_harness_and_the_strategies():
 
     H = log_uniform_spd(5, 3, 100.0, 2.0, torch.Generator().manual_seed(0))
     ev = torch.linalg.eigvalsh(H)
-    assert torch.allclose(ev[:, 0], torch.full((3,), 0.02, dtype=torch.float64), rtol=1e-12)
-    assert torch.allclose(ev[:, -1], torch.full((3,), 2.0, dtype=torch.float64), rtol=1e-12)
+    # both ends attained: the stored fl(Q diag(lam) Q^T) is within D gamma_D lam_max of it, Haar
+    # Q orthogonal to ~D u, eigvalsh within D u lam_max (LAPACK, p(D) = D): (D gamma_D + 2 D u)
+    # lam_max = 7.8e-15 absolute (3.9e-13 relative at 0.02)
+    atol = (5 * gamma(5, u64) + 2 * 5 * u64) * 2.0
+    assert torch.allclose(ev[:, 0], torch.full((3,), 0.02, dtype=torch.float64), rtol=0, atol=atol)
+    assert torch.allclose(ev[:, -1], torch.full((3,), 2.0, dtype=torch.float64), rtol=0, atol=atol)
     case = harness.spd_case(5, (3,), 100.0, iters=2, scale=2.0, seed=0)
     with pytest.warns(DeprecationWarning, match="log_uniform_spd"):
         assert harness.spd_matrices is log_uniform_spd
