@@ -86,6 +86,7 @@ from analysis.argtypes import (
 from analysis.argtypes import device as device_arg
 from analysis.bounds.contract import arith_of, as_contract, cg_bound, fro_error, linear_bound
 from analysis.precision import rounding_allowance
+from analysis.testing.koopman_strategy import koopman_problem, koopman_strategy
 from analysis.testing.strategies.reproducible import pin_local_constants
 from analysis.testing.strategies.spd import log_uniform_spd
 from solvers import Arith, unit_roundoff
@@ -1072,6 +1073,23 @@ STRATEGIES = {
 }
 
 
+def koopman_case(**kw) -> Case:
+    """One case of the ``koopman`` strategy, rebuilt exactly (arguments:
+    ``analysis.testing.koopman_strategy.koopman_problem``)."""
+    return Case(
+        **koopman_problem(**kw), build="analysis.testing.harness.koopman_case", build_kwargs=kw
+    )
+
+
+def koopman(**options) -> Strategy:
+    """Echo SKA readouts ``f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y``; cases, options and
+    the bound: ``analysis.testing.koopman_strategy`` (``koopman_strategy``)."""
+    return Strategy(**koopman_strategy(koopman_case, **options))
+
+
+STRATEGIES["koopman"] = koopman
+
+
 # ---------------------------------------------------------------------------------------
 # running checks
 # ---------------------------------------------------------------------------------------
@@ -1645,6 +1663,7 @@ strategies (--strategy; the kernel is called as the reference is):
   spd_backward  f(H, q, grad_x, *, L, mu, iters, method) -> (dq, dH)
   gka_ridge     f(H, q, *, a, iters) solving (H + a ||H||_F I) x = q (GKA eq. (4))
   kla           f(q, k, v, *, alpha, eta, eps, chunk_size) -> (o, S_T)
+  koopman       f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y (Echo eq. (13)): allowance model
 
 verdicts: PASS every output within its bound, every bound conclusive; FAIL an output beyond its
 bound, a NaN, a crash or a wrong shape (printed with a snippet that rebuilds the case);
