@@ -112,6 +112,13 @@ LIKE = {
         "f(q, k, v, g, beta, h0, do, dht, *, mode, eps, chunk_size, cu_seqlens, gate_dtype) -> "
         "(dq, dk, dv, dg, dbeta, dh0)",
     ),
+    "koopman_readout": Like(
+        "koopman",
+        "analysis.testing.koopman_strategy:koopman_reference",
+        "f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y (Echo eq. (13), statistics as inputs)",
+        # its bound (a first-order allowance) is vacuous in bf16 arithmetic
+        contracts=("float32", "tf32x3", "tf32"),
+    ),
     "gka_layer_backward": Like(
         "gka_layer_backward",
         "gka_gradients:gka_implicit_reference",
