@@ -48,3 +48,8 @@ H chebyshev_adaptive 25 kernels:chebyshev_adaptive analysis.testing.harness:gka_
 H chebyshev_backward 30 kernels:chebyshev_backward solvers:chebyshev_backward --strategy spd_backward $S
 H kla_chunkwise 40 kernels:kla_chunkwise solvers:kla_chunkwise --strategy kla --precision bfloat16 \
   --model bfloat16/operands --examples 8
+# the Koopman readout (statistics as inputs, analysis/testing/koopman_strategy.py), float32 and
+# bf16 inputs under its float32 contract (input_precision "ieee")
+K="analysis.testing.koopman_strategy:koopman_kernel analysis.testing.koopman_strategy:koopman_reference"
+H koopman_float32 60 $K --strategy koopman --precision float32 --model float32 --examples 10
+H koopman_bfloat16 60 $K --strategy koopman --precision bfloat16 --model float32 --examples 10
