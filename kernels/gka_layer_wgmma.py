@@ -246,6 +246,46 @@ if AVAILABLE:
         gl.store(p_flag + base, flag)
 
 
+def emulate_solve(q: torch.Tensor, k: torch.Tensor, *, a: float, iters: int) -> torch.Tensor:
+    """x of :func:`wgmma_solve_kernel` (no gates, chunks of CHUNK) in plain torch float32 on any
+    device, operation by operation, for checks where Gluon cannot run (it has no interpreter):
+    the chunk states ``K^T K`` accumulated in float32 and stored in bf16; eq. (5) summed as the
+    kernel sums it; the scaled iterate ``z = s x`` carried in float32 and rounded to bf16 for
+    ``z S`` and ``z K^T``; the masked product rounded to bf16 for ``A K``; ``x = z / s`` returned
+    in bf16. q, k: bf16 ``(N, T, D)``. The products' float32 sums run in the order of the device's
+    matmul, not the tensor cores' (both within the forward bound's gamma_m)."""
+    N, T, D = q.shape
+    C = CHUNK
+    Tp = max(C, -(-T // C) * C)
+    chunks = lambda t: torch.nn.functional.pad(t.float(), (0, 0, 0, Tp - T)).reshape(N, -1, C, D)  # noqa: E731
+    Q, K = chunks(q), chunks(k)
+    S, states = torch.zeros(N, D, D, device=q.device), []
+    for c in range(K.shape[1]):
+        states.append(S.to(torch.bfloat16).float())
+        S = S + K[:, c].transpose(-1, -2) @ K[:, c]
+    S = torch.stack(states, 1)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32, device=q.device)  # noqa: E731
+    a = float(a)
+    step_scale, rho2 = f32(2.0 / (1.0 + 2.0 * a)), f32((1.0 / (1.0 + 2.0 * a)) ** 2)
+    step_lam = f32(2.0 / (1.0 + 2.0 * a) * a)
+    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    W = (K @ K.transpose(-1, -2)) ** 2
+    e = torch.where(torch.tril(lower, -1), 2.0 * W, torch.where(lower, W, 0.0)).sum(-1)
+    quad = ((K @ S) * K).sum(-1)
+    fro = torch.sqrt((S * S).sum((-1, -2))[..., None] + 2.0 * quad.cumsum(-1) + e.cumsum(-1))
+    s = (step_scale / fro)[..., None]
+    Z, Zp, w = Q * s * s, torch.zeros_like(Q), f32(2.0)
+    for _ in range(iters):
+        w = 4.0 / (4.0 - rho2 * w)
+        Zb = Z.to(torch.bfloat16).float()
+        A = torch.where(lower, Zb @ K.transpose(-1, -2), 0.0).to(torch.bfloat16).float()
+        res = Zb @ S + A @ K
+        ws = w * s
+        t = (w * (1.0 - step_lam)) * Z - (w - 1.0) * Zp + (ws * s) * Q
+        Zp, Z = Z, t - ws * res
+    return (Z / s).reshape(N, Tp, D)[:, :T].to(torch.bfloat16)
+
+
 def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=True, rhs=None):
     """``(x, y, fro, flags)`` for every chunk by :func:`wgmma_solve_kernel`: x ``(N, Tp, D)`` in
     ``x_dtype``; y ``(N, Tp, Dv)`` in ``y_dtype`` when U0 is given (the layer), else None; the

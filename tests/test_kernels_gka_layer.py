@@ -3,9 +3,12 @@ forward and the implicit backward.
 
 Bounds named at the assertions: ``FWD`` (forward, per token) and ``GRAD`` (the implicit gradients
 against the same formulas in float64 at the float64 r-step iterates, norm-wise), both derived in
-the docstring of analysis/testing/gka_gradient_harness.py, which computes them. The truncation part of the
-gradient (implicit vs autograd through the r-step loop, both float64) is measured separately:
-dq and dv have none (Lemma 2; y is linear in v at fixed x), dk, dg, dbeta do.
+the docstring of analysis/testing/gka_gradient_harness.py, which computes them; and ``LTB`` (the
+forward per token, on the contract running bound with the layer's product error: the check at
+GKA's setting, D = 128, a = 0.02, r = 30, where FWD exceeds ||x_t||), derived in the docstring of
+analysis/bounds/gka_layer.py. The truncation part of the gradient (implicit vs autograd through
+the r-step loop, both float64) is measured separately: dq and dv have none (Lemma 2; y is linear
+in v at fixed x), dk, dg, dbeta do.
 """
 
 import importlib
@@ -20,6 +23,8 @@ from kernel_support import DEVICE, needs_triton_device
 
 import kernels
 import solvers
+from analysis.bounds.contract import linear_bound
+from analysis.bounds.gka_layer import layer_token_bound, round_bf16
 from analysis.precision import gamma
 from analysis.testing.gka_gradient_harness import (
     UB,
@@ -250,6 +255,177 @@ def test_broken_state_from_wrong_chunk_fails(monkeypatch):
 
     monkeypatch.setattr(mod, "chunk_states", previous_chunk)
     assert forward_excess(x) > 1.0
+
+
+# ----------------------------------------------------- the per-token bound LTB (GKA's setting)
+
+
+def unit_case(seed, *, N=1, T=128, D=128, gates=None):
+    """GKA's setting: L2-normalised keys and queries in bf16, no gates (``gates``: g drawn in
+    ``[-gates, 0]``, no input gate)."""
+    gen = torch.Generator().manual_seed(seed)
+    unit = lambda: torch.nn.functional.normalize(torch.randn(N, T, D, generator=gen), dim=-1)  # noqa: E731
+    q, k = unit(), unit()
+    g = None if gates is None else -gates * torch.rand(N, T, generator=gen)
+    cast = lambda t: None if t is None else t.to(torch.bfloat16).to(DEVICE)  # noqa: E731
+    return {"q": cast(q), "k": cast(k), "v": None, "g": cast(g), "beta": None}
+
+
+def ltb(x, *, a, iters, C, contract="bfloat16/operands", tokens=None, out_dtype=None):
+    """LTB (analysis.bounds.gka_layer) for ``kernels.gka_solve`` on x in chunks of C."""
+    return layer_token_bound(
+        x["q"],
+        x["k"],
+        x["g"],
+        x["beta"],
+        a=a,
+        iters=iters,
+        chunk_size=C,
+        contract=contract,
+        tokens=tokens,
+        out_dtype=out_dtype or x["q"].dtype,
+    )
+
+
+def ltb_ratio(xk, bound):
+    """||x_kernel,t - x_r,t|| / LTB_t at the bound's tokens (``xk`` ``(N, T, D)``)."""
+    xk = xk.detach().cpu().to(F64)[:, bound.tokens]
+    if not torch.isfinite(xk).all():
+        return torch.full_like(bound.bound, math.inf)
+    return torch.linalg.vector_norm(xk - bound.x, dim=-1) / bound.bound
+
+
+def solve(x, *, a, iters, C, contract=None):
+    return kernels.gka_solve(
+        x["q"], x["k"], x["g"], x["beta"], a=a, iters=iters, chunk_size=C, contract=contract
+    )
+
+
+def test_round_bf16_is_torch_rounding():
+    # round_bf16 (LTB's exact rounding of the float64 state): torch's float32 -> bf16 on a spread
+    # of float32 values, ties to even, and a subnormal
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(20000, generator=gen) * torch.exp(8 * torch.randn(20000, generator=gen))
+    x = torch.cat([x, torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8, -(2.0**-130), 5 * 2.0**-135])])
+    assert torch.equal(round_bf16(x.double()), x.to(torch.bfloat16).double())
+
+
+def test_linear_bound_layer_options():
+    """linear_bound's H_error / extra_plain / H_error_range: zeros add nothing to the bound of a
+    matrix-free product; each one, when not zero, raises it (none is ignored)."""
+    gen = torch.Generator().manual_seed(1)
+    D = 6
+    M = torch.randn(3, D, D, generator=gen, dtype=F64)
+    H, q = M @ M.transpose(-1, -2), torch.randn(3, D, generator=gen, dtype=F64)
+    fro = torch.linalg.matrix_norm(H)
+    kw = dict(L=1.05 * fro, mu=0.05 * fro, iters=8, contract="bfloat16/operands", shift=0.05 * fro)
+    run = lambda **o: linear_bound("chebyshev", H, q, **kw, **o).bound[-1]  # noqa: E731
+    zero = torch.zeros(D, D, dtype=F64)
+    base = run(H_error=zero)
+    assert torch.equal(
+        run(H_error=zero, extra_plain=torch.zeros(4), H_error_range=(0.0, 0.0)), base
+    )
+    assert bool((run(H_error=1e-3 * torch.eye(D, dtype=F64)) > base).all())
+    assert bool((run(H_error=zero, extra_plain=torch.tensor([1e-3, 0, 0, 0])) > base).all())
+    assert bool((run(H_error=zero, H_error_range=(1e-3, 0.0)) > base).all())
+    with pytest.raises(ValueError, match="H_error must be non-negative"):
+        run(H_error=-zero - 1.0)
+    with pytest.raises(ValueError, match="extra_plain"):
+        run(extra_plain=torch.zeros(3))
+
+
+@pytest.mark.parametrize(
+    "contract, D, T, C, gates",
+    [
+        ("bfloat16/operands", 8, 40, 16, "none"),
+        ("bfloat16/operands", 16, 70, 32, "strong"),
+        ("float32/ieee", 8, 40, 16, "weak"),
+    ],
+)
+def test_ltb_small_within_bound(contract, D, T, C, gates):
+    # every token of the Triton kernel within LTB, and LTB below ||x_t|| on every token
+    dtype = torch.bfloat16 if contract == "bfloat16/operands" else torch.float32
+    x = make_case(16, T=T, D=D, gates=gates != "none", strong=gates == "strong", dtype=dtype)
+    b = ltb(x, a=0.05, iters=10, C=C, contract=contract)
+    ratio = ltb_ratio(solve(x, a=0.05, iters=10, C=C, contract=contract), b)
+    assert bool((ratio <= 1.0).all()), float(ratio.max())  # LTB
+    assert bool((ratio > 0).any())  # the kernel differs from float64: the check measured something
+    assert bool((b.relative < 1.0).all()), float(b.relative.max())  # LTB is not vacuous
+
+
+@pytest.mark.parametrize(
+    "contract, T, D, C, iters",
+    [
+        ("bfloat16/operands", 1, 1, 16, 0),
+        ("bfloat16/operands", 1, 1, 16, 5),
+        ("bfloat16/operands", 15, 5, 16, 5),
+        ("float32/ieee", 37, 9, 32, 5),
+    ],
+)
+def test_ltb_edge_shapes(contract, T, D, C, iters):
+    # one token, D = 1, no step (x_0 = s q and its store alone), partial chunks, odd D, strong gates
+    dtype = torch.bfloat16 if contract == "bfloat16/operands" else torch.float32
+    x = make_case(5, T=T, D=D, gates=T > 1, strong=True, dtype=dtype)
+    b = ltb(x, a=0.05, iters=iters, C=C, contract=contract)
+    ratio = ltb_ratio(solve(x, a=0.05, iters=iters, C=C, contract=contract), b)
+    assert bool((ratio <= 1.0).all()), float(ratio.max())  # LTB
+    assert bool((b.relative < 1.0).all())  # LTB is not vacuous
+
+
+def test_ltb_gka_setting_d128(monkeypatch):
+    """GKA's setting (D = 128, a = 0.02, r = 30, unit keys and queries, bf16): the Triton kernel
+    and the torch emulation of the warp-group MMA kernel within LTB on every sampled token, LTB
+    below 0.1 ||x_t|| (FWD is 2-3.5 ||x_t|| here); lambda without the square root beyond it on
+    every token, and the state from the previous chunk on every token of the third chunk (the
+    second starts from a zero state instead: that FWD catches too; this it does not)."""
+    a, r, C = 0.02, 30, 64
+    x = unit_case(17, T=192)
+    tokens = torch.arange(3, 192, 8)
+    b = ltb(x, a=a, iters=r, C=C, tokens=tokens)
+    assert float(b.relative.max()) < 0.1  # LTB is a check here (docs/gka_layer.md)
+    assert bool((ltb_ratio(solve(x, a=a, iters=r, C=C), b) <= 1.0).all())  # LTB
+    emulated = mod.wgmma.emulate_solve(x["q"].cpu(), x["k"].cpu(), a=a, iters=r)
+    assert bool((ltb_ratio(emulated, b) <= 1.0).all())  # LTB, the warp-group MMA arithmetic
+    with monkeypatch.context() as m:
+        m.setattr(mod, "_FRO_SQRT", False)
+        assert bool((ltb_ratio(solve(x, a=a, iters=r, C=C), b) > 1.0).all())
+    original = mod.chunk_states
+
+    def previous_chunk(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        return torch.cat([H0[:, :1], H0[:, :-1]], 1).contiguous(), U0
+
+    monkeypatch.setattr(mod, "chunk_states", previous_chunk)
+    ratio = ltb_ratio(solve(x, a=a, iters=r, C=C), b)
+    assert bool((ratio[:, tokens >= 2 * C] > 1.0).all())
+
+
+def test_ltb_gka_setting_gates_d128(monkeypatch):
+    # with decay gates (g in [-0.4, 0]) at D = 128, a = 0.02, r = 30: within LTB, and the decay
+    # one token late (G_c without g_c) beyond it
+    a, r, C = 0.02, 30, 32
+    x = unit_case(18, T=96, gates=0.4)
+    b = ltb(x, a=a, iters=r, C=C, tokens=torch.arange(5, 96, 9))
+    assert float(b.relative.max()) < 0.1  # LTB is a check here
+    assert bool((ltb_ratio(solve(x, a=a, iters=r, C=C), b) <= 1.0).all())  # LTB
+    original = mod.chunk_cumulative_gates
+    monkeypatch.setattr(
+        mod,
+        "chunk_cumulative_gates",
+        lambda g2, N, Tp, C, device: (original(g2, N, Tp, C, device) - g2.float()).contiguous(),
+    )
+    assert bool((ltb_ratio(solve(x, a=a, iters=r, C=C), b) > 1.0).any())
+
+
+def test_ltb_half_the_iterations_d128():
+    # r/2 steps in place of r: beyond LTB at r = 16 (D = 128, a = 0.02); at r = 30 it is not: the
+    # halving moves x by 1.4-2.3% of ||x||, below LTB (2.4-4.5%), whose bf16 operand rounding
+    # alone is 1.1-2.1% (docs/gka_layer.md)
+    a, r, C = 0.02, 16, 32
+    x = unit_case(19, T=64)
+    b = ltb(x, a=a, iters=r, C=C, tokens=torch.arange(2, 64, 6))
+    assert bool((ltb_ratio(solve(x, a=a, iters=r, C=C), b) <= 1.0).all())  # LTB
+    assert bool((ltb_ratio(solve(x, a=a, iters=r // 2, C=C), b) > 1.0).all())
 
 
 # ----------------------------------------------------------------------------- backward
@@ -805,3 +981,46 @@ def test_gpu_wgmma_layer_broken_variants_fail(monkeypatch):
 
     monkeypatch.setattr(mod, "chunk_states", previous_chunk)
     assert forward_excess(x, C=None, **CONCLUSIVE) > 1.0
+
+
+# ------------------------------------------------ GPU: the per-token bound LTB at GKA's size
+
+
+def _quantiles(t):
+    return [
+        round(float(v), 4)
+        for v in torch.quantile(t.flatten(), torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=F64))
+    ]
+
+
+@pytest.mark.gpu
+def test_gpu_ltb_gka_setting_t4096(monkeypatch):
+    """LTB at GKA's size: B = 1, T = 4096, one head, D = 128, a = 0.02, r = 30, bf16 unit keys and
+    queries, every 16th token. The warp-group MMA solve (where it runs) and the Triton solve at
+    the same chunk (64) within LTB on every sampled token; LTB below ||x_t|| on at least 90% of
+    them (a check, where FWD is above ||x_t|| on most tokens); and the solve started from the
+    previous chunk's state beyond it."""
+    a, r, C, T = 0.02, 30, 64, 4096
+    x = unit_case(40, T=T)
+    b = ltb(x, a=a, iters=r, C=C, tokens=torch.arange(0, T, 16))
+    print("LTB/||x|| q10 q50 q90 max", _quantiles(b.relative))
+    assert float((b.relative < 1.0).double().mean()) >= 0.9  # LTB is a check on most tokens
+    runs = {"triton": solve(x, a=a, iters=r, C=C)}  # an explicit chunk: the Triton kernel
+    if uses_wgmma(x):
+        runs["wgmma"] = kernels.gka_solve(x["q"], x["k"], a=a, iters=r)
+    for name, xk in runs.items():
+        ratio = ltb_ratio(xk, b)
+        print(name, "measured/LTB q10 q50 q90 max", _quantiles(ratio))
+        assert bool((ratio <= 1.0).all()), (name, float(ratio.max()))  # LTB
+    original = mod.chunk_states
+
+    def previous_chunk(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        return torch.cat([H0[:, :1], H0[:, :-1]], 1).contiguous(), U0
+
+    monkeypatch.setattr(mod, "chunk_states", previous_chunk)
+    broken = {"triton": lambda: solve(x, a=a, iters=r, C=C)}
+    if "wgmma" in runs:
+        broken["wgmma"] = lambda: kernels.gka_solve(x["q"], x["k"], a=a, iters=r)
+    for name, run in broken.items():
+        assert bool((ltb_ratio(run(), b) > 1.0).any()), name

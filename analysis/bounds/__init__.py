@@ -2,8 +2,8 @@
 
 ``iterative`` (a-priori bounds of Chebyshev, CG, GD, AGD), ``running`` (running rounding bounds
 of those solvers), ``contract`` (running bounds of a kernel that declares a precision contract),
-``cholesky``, ``kaczmarz`` (Kaczmarz and KLA), ``kla_kernel``, and ``checks`` (a run held to its
-bounds at every iterate).
+``cholesky``, ``kaczmarz`` (Kaczmarz and KLA), ``kla_kernel``, ``gka_layer`` (the GKA layer's
+chunkwise kernels, per token), and ``checks`` (a run held to its bounds at every iterate).
 """
 
 import importlib as _importlib

@@ -186,6 +186,9 @@ def linear_bound(
     value_u: Optional[float] = None,
     param_rel_error: float = 0.0,
     store_drift: bool = True,
+    H_error=None,
+    extra_plain=None,
+    H_error_range=None,
 ) -> LinearRun:
     """The exact trajectory of ``method`` on ``(H + shift I) x = q`` and the running bound of a
     kernel honouring ``contract`` (module docstring).
@@ -198,6 +201,27 @@ def linear_bound(
     ridge: its own ||H||_F), which moves the step c_i by as much. ``store_drift=False`` bounds each
     store at the exact iterate alone, ignoring that the kernel's value has drifted: NOT a bound,
     only a measure of what the drift costs (``analysis.studies.contract_tightness``).
+
+    ``H_error`` ``(*batch, D, D)`` non-negative (None: the model above): a bound on the kernel's
+    product, ``|(H z_hat computed) - H z_hat| <= H_error |z_hat|`` componentwise for the
+    operand-rounded ``z_hat``, for a kernel that never holds H itself (the GKA layer: a rounded
+    chunk state plus masked chunk products, ``analysis.bounds.gka_layer``). It *replaces* the
+    ``gamma_D(u_acc) |H|`` and ``u_op(value_u) |H|`` terms: it must cover the product's
+    accumulation and every rounding of the matrix's parts; the operand channel (z rounded before
+    the product) stays as it is. It enters the plain channel as ``c_i ||H_error |z_hat| || <= c_i
+    (||H_error |z| || + ||H_error||_2 (||z_hat - z||))``, z the exact iterate, and the bound on the
+    kernel's residual norm (which scales the constants' rounding) by ``||H_error||_2 ||z_hat||``.
+    A normwise bound ``||e|| <= h ||z_hat||`` is ``H_error = h I``.
+    ``extra_plain`` ``(*batch, 4)`` non-negative (None: nothing): local errors of a kernel whose
+    elementwise arithmetic is arranged otherwise than the model above, added to the plain channel
+    of step i >= 1 as ``p_0 ||x_hat_{i-1}|| + p_1 ||x_hat_{i-2}|| + p_2 ||q||`` (the norms bounded
+    by ``||x_j|| + E_j``) and of step 0 as ``p_3 ||q||``.
+    ``H_error_range`` ``(h, nu)``, per-system non-negative (None: nothing): a further product
+    error that lies in the range of H, ``e = (H + nu I)^(1/2) w`` with ``||w|| <= h ||z_hat||``
+    (the GKA layer's masked chunk product rounded to bf16: ``K^T diag(theta) M K z`` with
+    ``K^T M K <= H``). It has a channel of its own, ``range``: ``m = c_j sqrt(lam - lambda + nu)``,
+    so it is not amplified on H's small eigenvalues as a plain error is; its norm
+    ``sqrt(||H||_2 + nu) h ||z_hat||`` joins the residual bound as ``H_error`` does.
     """
     if method not in LINEAR_METHODS:
         raise ValueError(f"method must be one of {LINEAR_METHODS}, got {method!r}")
@@ -221,6 +245,32 @@ def linear_bound(
         shift_error = _non_negative("shift_error", shift_error, batch)
     value_u = _v.tolerance("value_u", value_u, allow_none=True)
     param_rel_error = _v.tolerance("param_rel_error", param_rel_error)
+    if H_error is not None:
+        H_error = _matrix("H_error", H_error).detach().cpu().to(_F64)
+        if H_error.shape[-1] != H.shape[-1] or (H_error.numel() and not bool((H_error >= 0).all())):
+            raise ValueError(
+                f"H_error must be non-negative and {H.shape[-1]}x{H.shape[-1]}, got shape "
+                f"{tuple(H_error.shape)}"
+            )
+        try:
+            H_error = H_error.expand(*batch, *H_error.shape[-2:])
+        except RuntimeError:
+            raise ValueError(
+                f"H_error has shape {tuple(H_error.shape)}, which does not broadcast to the batch "
+                f"{tuple(batch)}"
+            ) from None
+    if extra_plain is not None:
+        extra_plain = _float_tensor("extra_plain", extra_plain, 1).detach().cpu().to(_F64)
+        if extra_plain.shape[-1] != 4 or not bool((extra_plain >= 0).all()):
+            raise ValueError(
+                f"extra_plain must be non-negative of shape (*batch, 4), got {tuple(extra_plain.shape)}"
+            )
+        extra_plain = torch.broadcast_to(extra_plain, (*batch, 4)).unbind(-1)
+    if H_error_range is not None:
+        if not isinstance(H_error_range, (tuple, list)) or len(H_error_range) != 2:
+            raise TypeError("H_error_range must be a pair (h, nu)")
+        range_h = _non_negative("H_error_range h", H_error_range[0], batch)
+        range_nu = _non_negative("H_error_range nu", H_error_range[1], batch)
     H = H.expand(*batch, *H.shape[-2:])
     q = q.expand(*batch, q.shape[-1])
     D = H.shape[-1]
@@ -278,6 +328,9 @@ def linear_bound(
         resp["operand"] = (T * (cj.unsqueeze(-1) * lamH).unsqueeze(0)).abs()
     if method == "agd" and contract.stores("iterate"):
         resp["zstore"] = (T * (1.0 - cj.unsqueeze(-1) * lam).unsqueeze(0)).abs()
+    if H_error_range is not None:
+        root = (lamH + range_nu.unsqueeze(-1)).clamp_min(0.0).sqrt()
+        resp["range"] = (T * (cj.unsqueeze(-1) * root).unsqueeze(0)).abs()
     del T
     gain = {ch: t.amax(-1) for ch, t in resp.items()}
 
@@ -285,9 +338,15 @@ def linear_bound(
     normA = lam.abs().amax(-1)
     u_op_H = 0.0 if value_u is None else contract.u_operand(value_u)
     mv_err = gamma(D, u_acc)
+    if H_error is not None:
+        herr = torch.linalg.matrix_norm(H_error, ord=2)
+    if H_error_range is not None:
+        range_norm = torch.sqrt(lamH.abs().amax(-1) + range_nu) * range_h
 
     E = torch.zeros((r + 1, *batch), dtype=_F64)
-    eta = {k: torch.zeros((r + 1, *batch), dtype=_F64) for k in ("plain", "operand", "zstore")}
+    eta = {
+        k: torch.zeros((r + 1, *batch), dtype=_F64) for k in ("plain", "operand", "zstore", "range")
+    }
 
     def accumulated(i):
         return propagated_norm_bound(
@@ -299,6 +358,8 @@ def linear_bound(
     # x_0 = fl_store(s0 q): one product (and the constant's own rounding)
     nq = torch.linalg.vector_norm(q, dim=-1)
     eta["plain"][0] = (3 * u_acc * s0 * nq) * (1 + u_acc)
+    if extra_plain is not None:
+        eta["plain"][0] += extra_plain[3] * nq
     pre = SAFETY * accumulated(0)
     eta["plain"][0] += store_error_bound(
         X[0], pre if store_drift else 0 * pre, u_st, contract.storage
@@ -312,22 +373,40 @@ def linear_bound(
         zerr = (1 + beta[k].abs()) * e1 + beta[k].abs() * e2
         zn = torch.linalg.vector_norm(zs[k], dim=-1) + zerr
         zop = zn * (1 + u_op_z)  # ||z|| after its operand rounding: the product accumulates over it
-        gn = (
-            torch.linalg.vector_norm(gs[k], dim=-1)
-            + normA * zerr
-            + absH * (mv_err * zop + u_op_z * zn)
-        )
         ci, bi, be = c[k], b[k].abs(), beta[k].abs()
-        # accumulation of H z (and H's rounding): || |H| |z_hat| || <= || |H| |z| || + || |H| || ||z_hat - z||
-        hz = torch.linalg.vector_norm(mv(H.abs(), zs[k].abs()), dim=-1) + absH * zerr
-        plain = ci * (mv_err + u_op_H) * (hz * (1 + u_op_z) + absH * u_op_z * zn)
+        if H_error is None:
+            gn = (
+                torch.linalg.vector_norm(gs[k], dim=-1)
+                + normA * zerr
+                + absH * (mv_err * zop + u_op_z * zn)
+            )
+            # accumulation of H z (and H's rounding): || |H| |z_hat| || <= || |H| |z| || + || |H| || ||z_hat - z||
+            hz = torch.linalg.vector_norm(mv(H.abs(), zs[k].abs()), dim=-1) + absH * zerr
+            plain = ci * (mv_err + u_op_H) * (hz * (1 + u_op_z) + absH * u_op_z * zn)
+        else:
+            gn = (
+                torch.linalg.vector_norm(gs[k], dim=-1)
+                + normA * zerr
+                + absH * u_op_z * zn
+                + herr * zop
+            )
+            # ||H_error |z_hat| || <= ||H_error |z| || + ||H_error|| (||z_k - z|| + ||z_hat - z_k||)
+            hz = torch.linalg.vector_norm(mv(H_error, zs[k].abs()), dim=-1)
+            plain = ci * (hz + herr * (zerr + u_op_z * zn))
+        if H_error_range is not None:
+            gn = gn + range_norm * zop
         plain = plain + ci * (u_acc * shift + dshift) * zn  # lambda z
         plain = plain + 2 * u_acc * (
             2 * ci * gn + 2 * zn + 2 * bi * dx + x1 + be * dx
         )  # elementwise ops
         plain = plain + dc[k] * gn + db[k].abs() * dx + dbeta[k] * dx  # the constants' own rounding
         eta["plain"][i] = plain * (1 + u_acc)
+        if extra_plain is not None:
+            x2 = nx[k - 1] + e2 if k >= 1 else torch.zeros_like(x1)
+            eta["plain"][i] += extra_plain[0] * x1 + extra_plain[1] * x2 + extra_plain[2] * nq
         eta["operand"][i] = u_op_z * zn
+        if H_error_range is not None:
+            eta["range"][i] = range_h * zop
         if method == "agd" and contract.stores("iterate"):
             eta["zstore"][i] = u_st * zn
         pre = SAFETY * accumulated(i)

@@ -15,6 +15,17 @@ in the ``bfloat16/operands`` contract 2 u_bf16 for the stored state and the roun
 keys plus 2 u_bf16 for the iterate and masked products as operands. ``dfro <= (gamma_{D+C+6}(u)
 + 2 eps_S + 2 eps_gate) ||H~_t||_F^2 / (2 fro) + u fro``.
 
+FWD is first order and its product term ``eps_H |H|~ |xi|`` is a worst case over the signs of
+every key in the state: at GKA's setting (D = 128, a = 0.02, r = 30, bf16) it is 2-3.5 times
+``||x_t||`` (INCONCLUSIVE on 97-99% of the tokens). The forward's check there is the per-token
+bound ``LTB``, ``analysis.bounds.gka_layer.layer_token_bound``: the contract running bound
+(``analysis.bounds.contract.linear_bound``) on the same float64 system with the layer's product
+error (the chunk state's actual bf16 rounding, normwise; the masked chunk product's rounding in
+the range of H_t; float32 accumulation of the chunk's terms), median 2.3-3.3% of ``||x_t||``
+there (docs/gka_layer.md, "Per-token bound"). FWD stays what GRAD is built on: with LTB's rho_x GRAD is
+still INCONCLUSIVE in bf16, because rho_dq is dominated by the cotangent's own rounding
+``eps_H |U|~ |dy|`` amplified by ``||p_r(A)|| <= 2/mu``.
+
 Gradient bound ``GRAD`` (:func:`grad_bounds`): the kernel's implicit gradients (GKA Table 1,
 Lemma 1, appendix D.2: x_t and dq_t as r-step solves treated as exact) against the same implicit
 formulas in float64 at the float64 r-step iterates (``solvers.gka_grad.gka_implicit_grads(...,
