@@ -358,6 +358,8 @@ def linear_bound(
     # x_0 = fl_store(s0 q): one product (and the constant's own rounding)
     nq = torch.linalg.vector_norm(q, dim=-1)
     eta["plain"][0] = (3 * u_acc * s0 * nq) * (1 + u_acc)
+    # the kernel's s0 = 2/(L + mu) moves with its L and mu, as c_i does (param_rel_error)
+    eta["plain"][0] += 2 * param_rel_error * s0.abs() * nq
     if extra_plain is not None:
         eta["plain"][0] += extra_plain[3] * nq
     pre = SAFETY * accumulated(0)
