@@ -43,11 +43,10 @@ ROWS = {
     ),
 }
 MATRIX = [(name, c, v) for name, row in ROWS.items() for c in CONTRACTS for v in (None, *row[3])]
-# CG's check is its finite-precision convergence bound (a model, analysis.bounds.contract.cg_bound);
-# in bf16 its widened spectrum and accuracy floor leave few conclusive cases, and a CG that
-# stops at k/2 >= D steps is as good as exact CG: there the harness may only say INCONCLUSIVE
-# (never PASS) for half the iterations.
-WEAK = {("cg", "bfloat16/operands", "half"), ("cg", "bfloat16/storage", "half")}
+# CG's check is its finite-precision convergence bound (a model, analysis.bounds.contract.cg_bound).
+# With the former accuracy floor 4 u_b kappa^1.5 (vacuous in bf16 from kappa 16) CG with half its
+# iterations was INCONCLUSIVE under both bf16 contracts on seeds 8 and 14 and was only required
+# not to PASS; with the floor of the residual gap it FAILs on seeds 0-15 (ratios 1.003-10.6).
 
 
 def _cg_catchable():
@@ -90,8 +89,6 @@ def test_matrix(name, contract, variant):
         # the contract's own emulation: no case beyond its bound (vacuous cases make it INCONCLUSIVE)
         assert rep.verdict != FAIL, str(rep)
         assert rep.examples >= 5, str(rep)
-    elif (name, contract, variant) in WEAK:
-        assert rep.verdict != harness.PASS, str(rep)
     else:
         assert rep.verdict == FAIL, f"{variant} not caught under {contract}:\n{rep}"
 

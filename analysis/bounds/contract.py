@@ -51,17 +51,70 @@ with a factor-2 margin (terms O(u_fp32^2) covered by it). The float64 evaluation
 
 CG (:func:`cg_bound`): no bound of this kind exists for CG's computed trajectory (it is not
 forward stable: two runs lose orthogonality differently). What the check uses instead is the
-*convergence bound in finite precision*: Greenbaum (1989) shows a finite-precision CG run
-behaves like exact CG on a matrix whose eigenvalues lie in small intervals around A's; so its
-A-norm error obeys the Chebyshev bound ``2 R^k`` of a spectrum widened by ``delta``, until the
-attainable accuracy (the gap between the true and the updated residual, Greenbaum 1997) is
-reached. The widths used here, ``delta = 4 u_eff sqrt(D) ||A||_2`` with ``u_eff`` the contract's
-coarsest roundoff, and the attainable accuracy ``4 u_b kappa^1.5`` (``u_b = u_op + u_store +
-gamma_D(u_acc)``, a per-step relative backward error; kappa for the 2-norm forward error,
-sqrt(kappa) more in the A-norm), are a *model* of
-those theorems (their constants are not explicit): the CG verdict is marked model-based in
-the report. It is measured against the exact solution x* in the A-norm, not against a reference
-run, and catches a kernel that is less accurate than CG must be after k steps.
+*convergence bound in finite precision*, against the exact solution x* in the A-norm, not a
+reference run: it catches a kernel that is less accurate than CG must be after k steps. It is a
+*model* (constants below), and the CG verdict is marked model-based in the report.
+
+With ``A = H + shift I``, ``||v||_{A^-1} = ||A^-1/2 v||`` and x_0 = 0, the kernel updates
+``x_{j+1} = x_j + alpha_j p_j + xi_j`` and ``r_{j+1} = r_j - alpha_j (A p_j + mu_j) + rho_j``
+(xi, rho: the roundings of the two updates and stores; mu: the product's error). One alpha_j and
+one p_j enter both, so the residual gap ``f_j = q - A x_j - r_j`` obeys ``f_{j+1} = f_j - A xi_j +
+alpha_j mu_j - rho_j`` whatever errors alpha_j and beta_j carry and however orthogonality is lost
+(Greenbaum 1997, SIMAX 18(3); Sleijpen & van der Vorst 1996), and exactly
+``||x* - x_k||_A = ||r_k + f_k||_{A^-1} <= ||r_k||_{A^-1} + ||f_k||_{A^-1}``. Relative to
+``||x*||_A``:
+
+* ``rate``, the updated residual: ``rho_k = min(1, 2 R_delta^k)``, Chebyshev on ``[lam_1 - delta,
+  lam_n + delta]``. Greenbaum (1989, LAA 113) shows that finite-precision CG's updated residuals
+  are those of exact CG on a matrix with eigenvalues in small intervals about A's. The widths her
+  proof gives are not explicit and far larger than those observed; Greenbaum & Strakos (1992,
+  SIMAX 13(1)) found that widths of order ``u ||A||`` reproduce finite-precision runs. The model:
+  ``delta = CG_WIDTH u_eff ||A||_2 + gamma_D(u_acc) || |H| ||_2`` (plus H's own rounding), ``u_eff``
+  the contract's coarsest roundoff, ``CG_WIDTH = 1``. No correct CG of the validation below
+  exceeded the bound even with ``CG_WIDTH = 0`` (10 M steps), so the width is a margin, not a
+  fit. (The rate alone is attained by exact CG on Chebyshev-extremal spectra, e.g. two
+  eigenvalues with q on both at k = 1: measured over bound reaches 0.99 there whatever the
+  arithmetic.)
+* ``attainable``, the gap: each local error through ``A^-1/2``, summed over the steps (triangle
+  inequality, worst case), with the kernel's vectors bounded through the rate:
+  ``||dx_j||_A <= theta rho_j ||x*||_A`` (exact CG: ``||dx_j||_A = ||r_j||^2 / ||p_j||_A <=
+  ||r_j||_{A^-1}`` since ``r_j^T p_j = ||r_j||^2``; ``theta = 1 + 8 u`` for the local orthogonality
+  finite precision keeps, Strakos & Tichy 2002, ETNA 13; measured <= 1.007 in bf16),
+  ``||r_{j+1}|| <= sqrt(lam_n) rho_{j+1} ||x*||_A`` and ``||x_{j+1}|| <= ||x*|| + ||e_{j+1}||_A /
+  sqrt(lam_1)``. With ``sk = sqrt(kappa)`` and ``a = sqrt(lam_n) ||x*|| / ||x*||_A`` in ``[1, sk]``
+  (where x* lies in A's spectrum; sk without q), per step:
+
+  - the operand rounding of p in ``A p`` enters as ``alpha A (fl(p) - p)``, whose ``A^-1/2`` is
+    ``A^1/2 alpha (fl(p) - p)``: ``u_op sk rho_j``, a sqrt(kappa) channel, not kappa;
+  - the iterate's sum and store: ``sqrt(lam_n) min(u ||x_{j+1}||, ||dx_j||)`` -- x_j is
+    representable, so rounding ``x_j + dx_j`` errs by at most dx_j (a lost update) -- about
+    ``min(u a, sk rho_j)``;
+  - the residual's sum and store: ``||rho_j|| / sqrt(lam_1) <= u sk rho_{j+1}``;
+  - the accumulation of ``H p``, ``gamma_D(u_acc) || |H| || ||dx_j|| / sqrt(lam_1)``: the one kappa
+    channel, at u_acc;
+  - once: r_0 = fl(q) when q does not fit the format (``u ||q|| / sqrt(lam_1)``), and H rounded to
+    the operand format when it does not fit it, a fixed delta_H whose steps sum to
+    ``delta_H x_k`` (``u_op || |H| || ||x_k|| / sqrt(lam_1)``).
+
+  The former floor ``4 u_b kappa^1.5`` composed a 2-norm forward error ``u_b kappa`` with the
+  2-norm-to-A-norm factor sqrt(kappa), which are not worst at once. The sum over steps still grows
+  like ``sum_j rho_j``, about sqrt(kappa) when convergence is slow, so a long run's floor can reach
+  ``u kappa``: it is computed per case, not assumed. At D = 16, k = 30, log-uniform spectra and
+  Gaussian q (median), bound / ``||x*||_A`` at kappa 16, 51, 100: bf16 operands 0.063, 0.21, 0.48;
+  bf16 storage 0.32, 1.4, 3.7 (the iterate's store dominates); tf32 0.008, 0.024, 0.052; float32
+  8e-5, 8e-4, 0.006 (formerly 2.0, 6.7, 17 for both bf16 contracts).
+
+Validation (correct CGs never exceed it): every step k <= 2D of ``kernels.emulate.cg`` under
+float32, tf32, bf16 operands and bf16 storage (bf16 and float32 inputs), ``solvers.cg`` (float32,
+bf16 storage and strict), ``kernels.cg`` (interpreter, float32 and tf32) and variants (matvec and
+dot summation orders, 16-wide fp32 tiles, alpha = r^T p / p^T A p, p or r also rounded to bf16),
+D 1-128, kappa 1.5-1000, log-uniform, geometric, linear, clustered, outlier and Strakos spectra,
+q Gaussian or along the bottom / top eigenvectors: 12 M steps (8 M conclusive), no violation;
+where the floor dominates (>= 10 x the rate) measured / bound is at most 0.38 (bf16 storage,
+kappa 1.5, k = 4), 0.18 (bf16 operands), 0.16 (tf32, float32). Outside the model: a run whose
+``r^T r`` underflows (fp32 subnormals, ``||r_k|| < 1e-19 ||q||``, long after convergence) can
+diverge from there, and a Polak-Ribiere beta with bf16 dot products cancels past convergence and
+diverges (errors up to 1e8 ``||x*||_A``): both FAIL.
 """
 
 from __future__ import annotations
@@ -75,7 +128,7 @@ import torch
 from analysis.precision import gamma
 from solvers import Arith
 from solvers import validation as _v
-from solvers.contracts import Contract, of_reference, parse
+from solvers.contracts import OPERAND_ROUNDOFF, Contract, of_reference, parse
 
 _F64 = torch.float64
 SAFETY = 1.0 + 2.0**-20
@@ -496,8 +549,10 @@ def propagated_norm_bound(resp: dict, norms: dict, gain: Optional[dict] = None) 
 
 @dataclass
 class CGBound:
-    """CG's A-norm error to x* allowed for a contract (model: module docstring), per system:
-    ``rate``: ``2 R_delta^k``; ``attainable``: the accuracy floor; both relative to ``||x*||_A``."""
+    """CG's A-norm error to x* allowed for a contract (model: module docstring), per system, both
+    parts relative to ``||x*||_A``: ``rate``: ``min(1, 2 R_delta^k)``, the bound on the updated
+    residual's ``||r_k||_{A^-1}``; ``attainable``: the bound on the residual gap's
+    ``||b - A x_k - r_k||_{A^-1}`` (the attainable accuracy)."""
 
     rate: torch.Tensor
     attainable: torch.Tensor
@@ -507,36 +562,129 @@ class CGBound:
         return self.rate + self.attainable
 
 
-def cg_bound(H, *, iters: int, contract, shift=None) -> CGBound:
-    """The finite-precision convergence bound of CG on ``(H + shift I)`` (module docstring)."""
+# The widening of the spectrum in CG's rate, in units of the contract's coarsest roundoff times
+# ||A||_2 (module docstring: a model constant, not a theorem's).
+CG_WIDTH = 1.0
+
+
+def _representable(x: torch.Tensor, u: float, dims: int) -> torch.Tensor:
+    """Per system (the last ``dims`` axes reduced): every entry of x has a significand of at most
+    ``-log2(u)`` bits, i.e. lies in the floating format of unit roundoff u (its range aside)."""
+    m, _ = torch.frexp(x)
+    t = m / u
+    return (t == torch.round(t)).flatten(-dims).all(-1)
+
+
+def cg_bound(H, *, iters: int, contract, shift=None, q=None, all_steps: bool = False) -> CGBound:
+    """The finite-precision convergence bound of CG from x_0 = 0 on ``(H + shift I) x = q``
+    (module docstring), relative to ``||x*||_A``.
+
+    ``q`` ``(*batch, D)``: the right-hand side the kernel received; with it the bound uses where
+    x* lies in A's spectrum (``sqrt(lam_max) ||x*|| / ||x*||_A`` and
+    ``||q|| / (sqrt(lam_min) ||x*||_A)``, each between 1 and sqrt(kappa)); without it, the worst
+    case over q (both sqrt(kappa)) and a q that the kernel rounds when it stores r_0.
+    ``all_steps=True``: the bound after every step, ``(iters + 1, *batch)``, not only the last."""
     contract = parse(contract)
     H = _matrix("H", H).detach().cpu().to(_F64)
-    if 0 in H.shape[:-2]:
-        raise ValueError(f"H has an empty batch {tuple(H.shape[:-2])}")
+    batch = H.shape[:-2]
+    if 0 in batch:
+        raise ValueError(f"H has an empty batch {tuple(batch)}")
     iters = _v.count("iters", iters)
+    _v.flag("all_steps", all_steps)
     D = H.shape[-1]
-    lam = torch.linalg.eigvalsh(H)
-    if shift is not None:
-        lam = lam + _v.parameter("shift", shift, H.shape[:-2], "cpu").unsqueeze(-1)
-    u_eff = max(contract.u_acc, contract.u_store, contract.u_operand(contract.u_acc))
-    top = lam[..., -1]
-    delta = 4 * u_eff * math.sqrt(D) * top
-    lo = lam[..., 0] - delta
-    kappa_w = torch.where(
-        lo > 0, (top + delta) / lo.clamp_min(1e-300), torch.full_like(lo, math.inf)
+    if q is not None:
+        q = _float_tensor("q", q, 1).detach().cpu().to(_F64)
+        if q.shape[-1] != D:
+            raise ValueError(f"q has last dimension {q.shape[-1]} but H is {D}x{D}")
+        batch = _v.batch_shape("H and q", batch, q.shape[:-1])
+        if 0 in batch:
+            raise ValueError(f"H and q have an empty batch {tuple(batch)}")
+        q = q.expand(*batch, D)
+    H = H.expand(*batch, D, D)
+    sh = (
+        torch.zeros(batch, dtype=_F64)
+        if shift is None
+        else _v.parameter("shift", shift, batch, "cpu").clone()
     )
-    sk = kappa_w.sqrt()
-    ra = (sk - 1) / (sk + 1)
-    rate = torch.clamp(2 * ra**iters, max=1.0)
-    rate = torch.where(torch.isfinite(kappa_w), rate, torch.ones_like(rate))
+    lam, V = torch.linalg.eigh(H + sh[..., None, None] * torch.eye(D, dtype=_F64))
+    l1, ln = lam[..., 0], lam[..., -1]
+    spd = l1 > 0
+    l1p = torch.where(spd, l1, torch.ones_like(l1))
+    sk = torch.where(spd, torch.sqrt(ln / l1p), torch.ones_like(l1))  # sqrt(kappa)
+    # where x* lies: a = sqrt(lam_n) ||x*|| / ||x*||_A, b = ||q|| / (sqrt(lam_1) ||x*||_A), in [1, sk]
+    if q is None:
+        a = b = sk
+    else:
+        w = ((V.transpose(-1, -2) @ q.unsqueeze(-1)).squeeze(-1)) ** 2
+        lp = torch.where(spd.unsqueeze(-1), lam, torch.ones_like(lam))
+        s2 = (w / lp).sum(-1)
+        ok = spd & (s2 > 0)
+        s2 = torch.where(ok, s2, torch.ones_like(s2))
+        a = torch.where(ok, torch.sqrt(ln * (w / lp**2).sum(-1) / s2), sk).clamp(1.0, None)
+        b = torch.where(ok, torch.sqrt(w.sum(-1) / (l1p * s2)), sk).clamp(1.0, None)
+        a, b = torch.minimum(a, sk), torch.minimum(b, sk)
+
+    ua = contract.u_acc
+    ux = contract.u_store if contract.stores("iterate") else 0.0
+    ur = contract.u_store if contract.stores("residual") else 0.0
+    uo = contract.u_operand(contract.u_store if contract.stores("direction") else ua)
+    # H as the product uses it: rounded to the operand format where that is coarser, else to the
+    # accumulation dtype; a fixed perturbation of H (u_H = 0 if H already lies in that format)
+    u_fmt = max(OPERAND_ROUNDOFF[contract.operands], ua)
+    uH = torch.where(_representable(H, u_fmt, 2), 0.0, u_fmt).to(_F64)
+    # r_0 = q rounded to the accumulation dtype and, if the residual is stored, to its format
+    u_q_fmt = max(ua, ur)
+    uq = (
+        torch.full(batch, u_q_fmt, dtype=_F64)
+        if q is None
+        else torch.where(_representable(q, u_q_fmt, 1), 0.0, u_q_fmt).to(_F64)
+    )
+    absH = torch.linalg.eigvalsh(H.abs())[..., -1] * (1 + uH) + sh.abs()  # || |H| + |shift| I ||_2
+    g = gamma(D + (0 if shift is None else 1), ua)  # the product's accumulation, Higham (3.11)
+
+    # the rate: Chebyshev on the spectrum widened by delta (Greenbaum 1989; a model)
+    u_eff = max(ua, contract.u_store, contract.u_operand(ua))
+    delta = CG_WIDTH * u_eff * ln + g * absH + uH * absH
+    lo = l1 - delta
+    kw = torch.where(lo > 0, (ln + delta) / lo.clamp_min(1e-300), torch.full_like(lo, math.inf))
+    R = torch.where(torch.isfinite(kw), (kw.sqrt() - 1) / (kw.sqrt() + 1), torch.ones_like(kw))
+    steps = torch.arange(iters + 1, dtype=_F64).reshape(-1, *([1] * len(batch)))
+    rho = torch.clamp(2 * R**steps, max=1.0)  # ||r_j||_{A^-1} / ||x*||_A <= rho_j
+
+    # the attainable accuracy: the residual gap's local errors (Greenbaum 1997), each through A^-1/2
+    theta = 1.0 + 8 * max(ua, contract.u_store, contract.u_operand(ua))  # ||dx_j||_A <= theta rho_j
+    kappa_abs = absH / l1p  # || |H| || / lam_1: the accumulation error's amplification
+    F = uq * b  # r_0's rounding: ||A^-1/2 (fl(q) - q)|| <= u_q ||q|| / sqrt(lam_1)
+    Fs = [F]
+    for j in range(iters):
+        P = theta * rho[j]  # ||dx_j||_A / ||x*||_A
+        xn = (a + sk * (rho[j + 1] + F)) * (1 + ux + 2 * ua)  # sqrt(lam_n) ||x_{j+1}|| / ||x*||_A
+        # x_{j+1} = fl(x_j + fl(alpha p_j)), then stored: ||A^1/2 xi_j|| <= sqrt(lam_n) ||xi_j||.
+        # x_j is representable in both formats, so neither the sum nor the store errs by more
+        # than the update itself (a lost update): min(u ||x_{j+1}||, ||dx_j||)
+        t = ua * sk * P + torch.minimum(ua * xn, (1 + ua) * sk * P)
+        if ux > 0:
+            t = t + torch.minimum(ux * xn, (1 + 2 * ua) * sk * P + ua * xn)
+        # alpha A (fl_op(p) - p): ||A^1/2 alpha delta_p|| <= sqrt(lam_n) u_op ||dx_j||
+        t = t + uo * sk * P
+        # alpha (accumulation error of H p): ||A^-1/2 e|| <= gamma_D || |H| || ||dx_j|| / sqrt(lam_1)
+        t = t + g * (1 + uo) * kappa_abs * P
+        # r_{j+1} = fl(r_j - fl(alpha w_j)), then stored: ||A^-1/2 rho_j|| <= ||rho_j|| / sqrt(lam_1),
+        # ||alpha w_j|| <= ||A dx_j|| + alpha ||mu_j||, ||A dx_j|| <= sqrt(lam_n) ||dx_j||_A,
+        # ||r_{j+1}|| <= sqrt(lam_n) rho_{j+1} ||x*||_A (all over sqrt(lam_1) ||x*||_A)
+        aw = sk * P + uo * sk**2 * P + g * (1 + uo) * kappa_abs * P
+        rn = sk * rho[j + 1]
+        t = t + ua * aw + torch.minimum(ua * (1 + ua) * rn, (1 + ua) * aw)
+        if ur > 0:
+            t = t + torch.minimum(ur * (1 + ua) * rn, (1 + 2 * ua) * aw + ua * rn)
+        F = F + t
+        Fs.append(F)
+    F = torch.stack(Fs)
+    # H's own rounding, a fixed delta_H: sum_j alpha_j delta_H p_j = delta_H x_k (not per step)
+    F = F + uH * (absH / torch.sqrt(l1p * ln.clamp_min(1e-300))) * (a + sk * (rho + F))
     # no SPD matrix (lam_min <= 0): no A-norm, no floor -- inf, never a NaN that could read as a pass
-    kappa = torch.where(
-        lam[..., 0] > 0, top / lam[..., 0].clamp_min(1e-300), torch.full_like(top, math.inf)
-    )
-    # the floor: a relative backward error u_b per step (operand rounding, the fp32 dot products,
-    # stored vectors) gives a 2-norm forward error ~ u_b kappa, and the A-norm adds sqrt(kappa)
-    u_b = contract.u_operand(contract.u_acc) + contract.u_store + gamma(D, contract.u_acc)
-    return CGBound(rate, 4 * u_b * kappa**1.5)
+    F = torch.where(spd & ~torch.isnan(F), F, torch.full_like(F, math.inf))
+    return CGBound(rho, F) if all_steps else CGBound(rho[-1], F[-1])
 
 
 def as_contract(model) -> Contract:
@@ -570,6 +718,7 @@ def fro_error(D: int, contract) -> float:
 
 __all__ = [
     "CGBound",
+    "CG_WIDTH",
     "LINEAR_METHODS",
     "LinearRun",
     "SAFETY",

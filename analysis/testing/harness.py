@@ -458,14 +458,13 @@ def _cg_errors(case, rounded, k_out, r_out):
 
 def _cg_scales(case, rounded, contract):
     """CG's finite-precision convergence bound for the kernel's contract
-    (``analysis.bounds.contract.cg_bound``, a model: see there), times ``||x*||_A``."""
+    (``analysis.bounds.contract.cg_bound``, a model: see there), times ``||x*||_A``; given q,
+    the bound uses where x* lies in H's spectrum."""
     H, q = rounded["H"], rounded["q"]
     xs = torch.linalg.solve(H, q.unsqueeze(-1)).squeeze(-1)
     size = torch.sqrt((xs * q).sum(-1))
-    return (
-        cg_bound(H.cpu(), iters=case.options["iters"], contract=contract).relative.to(H.device)
-        * size,
-    )
+    rel = cg_bound(H.cpu(), iters=case.options["iters"], contract=contract, q=q.cpu()).relative
+    return (rel.to(H.device) * size,)
 
 
 def _strategy_options(
