@@ -1024,3 +1024,13 @@ def test_gpu_ltb_gka_setting_t4096(monkeypatch):
         broken["wgmma"] = lambda: kernels.gka_solve(x["q"], x["k"], a=a, iters=r)
     for name, run in broken.items():
         assert bool((ltb_ratio(run(), b) > 1.0).any()), name
+
+
+@pytest.mark.parametrize("a", [-1.0, 0.0, float("nan"), float("inf")])
+def test_ltb_names_a_bad_ridge_strength(a):
+    """layer_token_bound checks a itself (before, a <= 0 or NaN surfaced as an error about mu or L)."""
+    q = torch.randn(1, 8, 4).bfloat16()
+    with pytest.raises(ValueError, match="^a must be"):
+        layer_token_bound(
+            q, q, None, None, a=a, iters=3, chunk_size=4, contract="bfloat16/operands"
+        )

@@ -210,7 +210,7 @@ def layer_token_bound(
     for name, x in (("g", g), ("beta", beta)):
         if x is not None and tuple(x.shape) != (N, T):
             raise ValueError(f"{name} must be (N, T) = {(N, T)}, got {tuple(x.shape)}")
-    a = float(a)
+    a = _v.ridge_strength(a)  # a bad a named here, not as the mu or L it would make
     iters = _v.count("iters", iters)
     C = _v.count("chunk_size", chunk_size, minimum=1)
     tokens = (
