@@ -473,6 +473,13 @@ def linear_bound(
     return LinearRun(X, E)
 
 
+def binade(y: torch.Tensor) -> torch.Tensor:
+    """``floor(log2 y)`` for positive float64 ``y``, exactly: ``torch.log2``'s own rounding
+    corrected at the edges of a binade (``2^e <= y < 2^(e+1)``)."""
+    e = torch.floor(torch.log2(y))
+    return e + (torch.exp2(e + 1) <= y).to(e.dtype) - (torch.exp2(e) > y).to(e.dtype)
+
+
 def store_error_bound(
     x: torch.Tensor, drift: torch.Tensor, u: float, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -499,11 +506,7 @@ def store_error_bound(
     emin = math.log2(torch.finfo(dtype).tiny)
     ax = x.abs() + 2.0**-30 * nx.unsqueeze(-1)
     ax = ax.clamp_min(2.0**emin)
-    e = torch.floor(torch.log2(ax))
-    e = (
-        e + (torch.exp2(e + 1) <= ax).to(e.dtype) - (torch.exp2(e) > ax).to(e.dtype)
-    )  # log2's own rounding
-    e = e.clamp_min(emin)
+    e = binade(ax).clamp_min(emin)
     h = u * torch.exp2(e)
     gap = torch.exp2(e + 1) - ax
     jumped = _fractional_knapsack(3 * h**2, (gap + 2 * h) ** 2, drift**2)  # one binade up
@@ -724,6 +727,7 @@ __all__ = [
     "SAFETY",
     "arith_of",
     "as_contract",
+    "binade",
     "cg_bound",
     "fro_error",
     "gamma",

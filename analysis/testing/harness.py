@@ -84,7 +84,14 @@ from analysis.argtypes import (
     positive_int,
 )
 from analysis.argtypes import device as device_arg
-from analysis.bounds.contract import arith_of, as_contract, cg_bound, fro_error, linear_bound
+from analysis.bounds.contract import (
+    arith_of,
+    as_contract,
+    binade,
+    cg_bound,
+    fro_error,
+    linear_bound,
+)
 from analysis.precision import rounding_allowance
 from analysis.testing.koopman_strategy import koopman_problem, koopman_strategy
 from analysis.testing.strategies.reproducible import pin_local_constants
@@ -1387,11 +1394,7 @@ def output_rounding_bound(y: torch.Tensor, dims: tuple) -> torch.Tensor:
     both sides. At most ``u |y_i|`` for a normal entry (Higham eq. (2.4)), on average about 0.7 of it."""
     u, tiny = unit_roundoff(y.dtype), torch.finfo(y.dtype).tiny
     y = y.detach().to(torch.float64).abs().clamp_min(tiny)
-    e = torch.floor(torch.log2(y))
-    e = (
-        e + (torch.exp2(e + 1) <= y).to(e.dtype) - (torch.exp2(e) > y).to(e.dtype)
-    )  # log2's rounding
-    h = u * torch.exp2(e)
+    h = u * torch.exp2(binade(y))
     return torch.linalg.vector_norm(h, dim=dims) if dims else h
 
 
