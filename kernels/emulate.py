@@ -28,6 +28,7 @@ import torch
 
 from solvers import validation as check
 from solvers.contracts import Contract, parse
+from solvers.solve_info import power_of_two_scale
 
 _F32 = torch.float32
 BROKEN = ("half", "scaled", "omega0", "fro_squared", "no_key_norm")
@@ -203,33 +204,56 @@ def agd(H, q, *, L, mu, iters: int, contract="bfloat16/operands", broken=None):
 
 def cg(H, q, *, iters: int, contract="bfloat16/operands", broken=None):
     """Conjugate gradients from 0 (Hestenes-Stiefel), operands of ``H p`` and of the inner
-    products rounded by the contract (fla's MesaNet CG: bf16); a system whose ``p^T H p`` or
-    residual vanishes is frozen, as ``solvers.cg`` does."""
+    products rounded by the contract (fla's MesaNet CG: bf16), with ``kernels.cg``'s guards:
+    q scaled by one power of two for the batch, and a system frozen (alpha = beta = 0, p and
+    ``r^T r`` kept) once ``r^T r <= (u ||q||)^2``, the rounding floor, or once ``p^T H p <= 0``.
+
+    Without the freeze the recursive residual goes on shrinking past the floor into float32's
+    subnormals within 2D steps (D = 128 at kappa 4-10; D = 64 with q of order 2^-40, which the
+    scaling now makes the same run as q of order 1): there ``r^T r`` and ``p^T H p`` keep a few
+    bits, alpha and beta come out wrong (beta > 1) and the iterate diverged (measured up to
+    4e16 ``||x*||_A``; tests/test_emulate_cg_floor.py), which the kernel's guard prevents."""
     iters = check.count("iters", iters)
     broken = _broken("cg", broken)
     ar = _Arith(contract)
     _system(H, q, bounds=False)
     Hc, qc = H.to(ar.acc), q.to(ar.acc)
-    x = torch.zeros_like(qc)
-    r = ar.store("residual", qc)
+    # kernels.cg: CG is homogeneous in (q, x), so it runs on q scaled by one power of two for
+    # the batch (exact: every rounding is the unscaled run's) and ||q||^2 stays in range
+    scale = power_of_two_scale(qc, dim=None, inverse=True)
+    qs = qc * scale
+    x = torch.zeros_like(qs)
+    r = ar.store("residual", qs)
     p = ar.store("direction", r)
     rr = ar.dot(r, r)
+    # kernels.cg's cg_kernel (fixed count, no tolerance): floor (u ||q||)^2 with u the
+    # accumulation's roundoff and ||q|| summed unrounded in the accumulation dtype; done at
+    # the floor, broken where p^T H p <= 0 above it, and a done or broken system frozen
+    floor = (ar.c.u_acc * torch.sqrt((qs * qs).sum(-1))) ** 2
+    done = rr <= floor
+    broke = rr < 0
     for _ in range(_steps(iters, broken)):
         Ap = ar.matvec(Hc, p)
         pAp = ar.dot(p, Ap)
-        ok = (pAp > 0) & (rr > 0)
+        stalled = ~done & (pAp <= 0)
+        done = done | (stalled & (rr <= floor))
+        broke = broke | (stalled & (rr > floor))
+        active = ~done & ~broke
         alpha = torch.where(
-            ok, rr / torch.where(ok, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp)
+            active, rr / torch.where(active, pAp, torch.ones_like(pAp)), torch.zeros_like(pAp)
         )
+        # alpha = 0 leaves a frozen system's x and r as they are (both already stored values)
         x = ar.store("iterate", ar.acc_round(x + alpha.unsqueeze(-1) * p))
         r = ar.store("residual", ar.acc_round(r - alpha.unsqueeze(-1) * Ap))
         rr_new = ar.dot(r, r)
         beta = torch.where(
-            ok, rr_new / torch.where(ok, rr, torch.ones_like(rr)), torch.zeros_like(rr)
+            active, rr_new / torch.where(active, rr, torch.ones_like(rr)), torch.zeros_like(rr)
         )
-        p = ar.store("direction", ar.acc_round(r + beta.unsqueeze(-1) * p))
-        rr = rr_new
-    return _out(x, q, broken, ar)
+        p_new = ar.store("direction", ar.acc_round(r + beta.unsqueeze(-1) * p))
+        p = torch.where(active.unsqueeze(-1), p_new, p)
+        rr = torch.where(active, rr_new, rr)
+        done = done | (active & (rr <= floor))
+    return _out(x / scale, q, broken, ar)
 
 
 def gka_ridge(H, q, *, a: float, iters: int, contract="bfloat16/operands", broken=None):

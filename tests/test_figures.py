@@ -89,6 +89,13 @@ def test_cache_key_changes_with_params():
         (0.2008, "0.2", True),
         (0.0597, "0.0597", True),
         (0.26, "0.2", False),
+        # decided exactly (Fraction), no tolerance: a tie agrees, one ulp past it does not
+        # (the former margin of 1e-12 took 150 + 1 ulp for 1e2)
+        (150.0, "1e2", True),
+        (math.nextafter(150.0, math.inf), "1e2", False),
+        (0.0625, "0.063", True),
+        (math.nextafter(0.0625, 0.0), "0.063", False),
+        (float("nan"), "0.5", False),
     ],
 )
 def test_rounds_to_uses_the_printed_last_digit(value, printed, ok):

@@ -22,6 +22,7 @@ import pathlib
 import sys
 import time
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -80,14 +81,23 @@ def rounds_to(value: float, printed: str) -> bool:
     """Does ``value`` round to the printed decimal string at the printed number of digits?
 
     ``printed`` is what the paper shows ("0.7253", "6e-5", "0.0016"): the value agrees when it
-    lies within half a unit of the printed last digit.
+    lies within half a unit of the printed last digit, a tie included (the paper's rule for
+    ties is not known).
+
+    Decided exactly, with no tolerance: the float64 ``value`` and the decimal string are both
+    rational numbers, and ``Fraction`` holds them and the half unit ``10^(e - decimals) / 2``
+    without rounding. (The former float64 evaluation rounded the printed value, the power of
+    ten, the half unit and the difference, and a margin of 1e-12 stood in for those roundings;
+    a tie such as 0.0625 printed 0.063 now counts exactly.) The value's own error, from how the
+    caller computed it, is the caller's to bound.
     """
+    if not math.isfinite(float(value)):
+        return False
     text = printed.strip().lower()
     mantissa, _, exponent = text.partition("e")
-    scale = 10.0 ** int(exponent) if exponent else 1.0
     decimals = len(mantissa.partition(".")[2])
-    half_unit = 0.5 * 10.0**-decimals * scale
-    return abs(value - float(text)) <= half_unit * (1 + 1e-12)
+    half_unit = Fraction(1, 2) * Fraction(10) ** ((int(exponent) if exponent else 0) - decimals)
+    return abs(Fraction(float(value)) - Fraction(text)) <= half_unit
 
 
 def _cell(text: str) -> str:
