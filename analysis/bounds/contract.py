@@ -111,10 +111,12 @@ dot summation orders, 16-wide fp32 tiles, alpha = r^T p / p^T A p, p or r also r
 D 1-128, kappa 1.5-1000, log-uniform, geometric, linear, clustered, outlier and Strakos spectra,
 q Gaussian or along the bottom / top eigenvectors: 12 M steps (8 M conclusive), no violation;
 where the floor dominates (>= 10 x the rate) measured / bound is at most 0.38 (bf16 storage,
-kappa 1.5, k = 4), 0.18 (bf16 operands), 0.16 (tf32, float32). Outside the model: a run whose
-``r^T r`` underflows (fp32 subnormals, ``||r_k|| < 1e-19 ||q||``, long after convergence) can
-diverge from there, and a Polak-Ribiere beta with bf16 dot products cancels past convergence and
-diverges (errors up to 1e8 ``||x*||_A``): both FAIL.
+kappa 1.5, k = 4), 0.18 (bf16 operands), 0.16 (tf32, float32). The CGs checked freeze at the
+rounding floor ``r^T r <= (u ||q||)^2`` (kernels.cg's guard): without it ``r^T r`` underflows
+into fp32 subnormals past convergence (``||r_k|| < 1e-19 ||q||``), which the rounding model
+excludes, and the run can diverge from there. Outside the model too: a Polak-Ribiere beta with
+bf16 dot products cancels past convergence and diverges (errors up to 1e8 ``||x*||_A``). Both
+FAIL.
 """
 
 from __future__ import annotations
