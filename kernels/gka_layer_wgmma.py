@@ -286,6 +286,34 @@ def emulate_solve(q: torch.Tensor, k: torch.Tensor, *, a: float, iters: int) -> 
     return (Z / s).reshape(N, Tp, D)[:, :T].to(torch.bfloat16)
 
 
+def emulate_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, a: float, iters: int):
+    """``(y, x)`` of :func:`wgmma_solve_kernel` with ``HAS_Y`` (the layer, no gates, chunks of
+    CHUNK) in plain torch float32, operation by operation, as :func:`emulate_solve` for x: the
+    value states ``V^T K`` accumulated in float32 and stored in bf16 (R, the state at each chunk
+    start); ``Y = X R^T`` from the stored bf16 x, the masked product ``x K^T`` (diagonal included)
+    rounded to bf16 and ``A V`` accumulated onto Y in float32; y and x returned in bf16. q, k, v:
+    bf16 ``(N, T, D)``. The float32 sums run in the order of the device's matmul."""
+    N, T, D = q.shape
+    C = CHUNK
+    Tp = max(C, -(-T // C) * C)
+    chunks = lambda t: torch.nn.functional.pad(t.float(), (0, 0, 0, Tp - T)).reshape(
+        N, -1, C, t.shape[-1]
+    )  # noqa: E731
+    K, V = chunks(k), chunks(v)
+    x = emulate_solve(q, k, a=a, iters=iters)
+    X = chunks(x)  # the stored bf16 x, exact in float32
+    R, states = torch.zeros(N, v.shape[-1], D, device=q.device), []
+    for c in range(K.shape[1]):
+        states.append(R.to(torch.bfloat16).float())  # the chunk-start state, stored in bf16
+        R = R + V[:, c].transpose(-1, -2) @ K[:, c]
+    R = torch.stack(states, 1)
+    lower = torch.tril(torch.ones(C, C, dtype=torch.bool, device=q.device))
+    Y = X @ R.transpose(-1, -2)
+    A = torch.where(lower, X @ K.transpose(-1, -2), 0.0).to(torch.bfloat16).float()
+    Y = Y + A @ V
+    return Y.reshape(N, Tp, -1)[:, :T].to(torch.bfloat16), x
+
+
 def solve_chunks_wgmma(p, H0, U0=None, *, a, iters, x_dtype, y_dtype=None, sqrt=True, rhs=None):
     """``(x, y, fro, flags)`` for every chunk by :func:`wgmma_solve_kernel`: x ``(N, Tp, D)`` in
     ``x_dtype``; y ``(N, Tp, Dv)`` in ``y_dtype`` when U0 is given (the layer), else None; the

@@ -92,6 +92,9 @@ eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and
 
 The float32 accumulation is modelled as IEEE round to nearest (as every contract bound here); the
 float64 evaluation (trajectory, eigenvalues, norms) is inside ``contract.SAFETY``.
+
+The layer's output ``y_t = U_t x_t`` has a bound of its own on top of this one
+(``analysis.bounds.gka_layer_output``); :func:`chunk_state_bound` serves both states.
 """
 
 from __future__ import annotations
@@ -170,6 +173,67 @@ def _gate_error(g: Optional[torch.Tensor], C: int) -> float:
     return ((2 * C + 2) * float(lam) + 3) * U32
 
 
+def chunked(k: torch.Tensor, g, beta, C: int):
+    """float64 ``k`` ``(N, T, D)``, g, beta ``(N, T)`` or None in chunks of C tokens, T padded with
+    zeros: ``K`` ``(N, nc, C, D)``, the chunk-local cumulative log decay ``G`` (eq. (16)) and the
+    input gates ``bb`` ``(N, nc, C)`` (0 and 1 where absent). Any ``(N, T, Dv)`` tensor chunks as
+    k does: :func:`pad_chunks`."""
+    N, T, _ = k.shape
+    K = pad_chunks(k, C)
+    nc = K.shape[1]
+    gg = torch.zeros(N, T, dtype=F64) if g is None else g
+    G = torch.cumsum(pad_chunks(gg[..., None], C)[..., 0], -1)
+    if beta is None:
+        return K, G, torch.ones(N, nc, K.shape[2], dtype=F64)
+    return K, G, pad_chunks(beta[..., None], C)[..., 0]
+
+
+def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
+    """``(N, T, D)`` zero-padded to whole chunks and split: ``(N, nc, C, D)``."""
+    N, T, D = x.shape
+    nc = -(-T // C)
+    return torch.nn.functional.pad(x, (0, 0, 0, nc * C - T)).reshape(N, nc, C, D)
+
+
+def chunk_state_bound(left, K, G, bb, *, e_gate: float, gated: bool, u_op: float):
+    """The chunk-start states of ``states_kernel`` (module docstring, 1.): the key state S
+    (``left = K``) or the value state U (``left = V``, ``(N, nc, C, Dv)``), ``sum_j coef_j l_j
+    k_j^T`` over the earlier chunks. Returns ``(S, Sm, Uh)`` ``(N, nc, Dv, D)``: the exact state
+    and the centre and half-width of the interval the kernel's stored one lies in, entrywise.
+    The products take ``left`` as it is (it must be representable in the operand precision)."""
+    N, nc, C, D = K.shape
+    Dl = left.shape[-1]
+    rnd = round_bf16 if u_op > 0 else (lambda t: t)
+    e_key = (1 + e_gate) * (1 + U32) ** 2 - 1 if gated else 0.0
+    g_dot = gamma(C + 2, U32)  # a chunk's C products (rounded in float32 too) added to the state
+    S = torch.zeros(N, nc, Dl, D, dtype=F64)
+    Sk, delta = torch.zeros_like(S), torch.zeros_like(S)
+    cur, cur_k, cur_d = (torch.zeros(N, Dl, D, dtype=F64) for _ in range(3))
+    for c in range(nc):
+        S[:, c], Sk[:, c], delta[:, c] = cur, cur_k, cur_d
+        coef = torch.exp(G[:, c, -1:] - G[:, c]) * bb[:, c]  # (N, C)
+        dec = torch.exp(G[:, c, -1])[:, None, None]
+        Kc, Lc = K[:, c], left[:, c]
+        v = coef[..., None] * Kc  # the coefficient keys, rounded by the kernel: within [lo, hi]
+        lo, hi = rnd(v - e_key * v.abs()), rnd(v + e_key * v.abs())
+        Vm, Vu = (lo + hi) / 2, (hi - lo) / 2
+        Lt_ = Lc.transpose(-1, -2)
+        cur = dec * cur + Lt_ @ (coef[..., None] * Kc)
+        carried = dec * (1 + e_gate) * (1 + U32)  # fl(dec_hat S32)'s factor
+        cur_d = (
+            carried * cur_d
+            + dec * ((1 + e_gate) * (1 + U32) - 1) * cur_k.abs()
+            + Lc.abs().transpose(-1, -2) @ Vu
+            + g_dot
+            * (carried * (cur_k.abs() + cur_d) + Lc.abs().transpose(-1, -2) @ (Vm.abs() + Vu))
+        )
+        cur_k = dec * cur_k + Lt_ @ Vm
+    if u_op > 0:  # the state stored in bf16: S_hat in [rd(Sk - delta), rd(Sk + delta)]
+        lo, hi = round_bf16(Sk - delta), round_bf16(Sk + delta)
+        return S, (lo + hi) / 2, (hi - lo) / 2
+    return S, Sk, delta
+
+
 def layer_token_bound(
     q,
     k,
@@ -227,51 +291,15 @@ def layer_token_bound(
             f"{contract} contract (the kernel's products take it unrounded)"
         )
     u_out = 0.0 if out_dtype in (None, torch.float32, torch.float64) else U_BF16
-    nc = -(-T // C)
-    Tp = nc * C
-    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, Tp - T) if t.ndim == 3 else (0, Tp - T))  # noqa: E731
-    K = pad(k).reshape(N, nc, C, D)
-    gg = torch.zeros(N, Tp, dtype=F64) if g is None else pad(g)
-    G = torch.cumsum(gg.reshape(N, nc, C), -1)  # chunk-local cumulative log decay (eq. (16))
-    bb = torch.ones(N, Tp, dtype=F64) if beta is None else pad(beta)
-    bb = bb.reshape(N, nc, C)
+    K, G, bb = chunked(k, g, beta, C)
 
     # 5. gates
     e_gate = _gate_error(g, C)
     gated = g is not None or beta is not None
     e_z = e_gate
     e_m = e_gate + U32 if gated else 0.0
-    # 1. chunk-start states: exact (S), the kernel's up to float32 rounding (Sk, within delta)
-    rnd = round_bf16 if u_op > 0 else (lambda t: t)
-    e_key = (1 + e_gate) * (1 + U32) ** 2 - 1 if gated else 0.0
-    g_dot = gamma(C + 2, U32)  # a chunk's C products (rounded in float32 too) added to the state
-    S = torch.zeros(N, nc, D, D, dtype=F64)
-    Sk, delta = torch.zeros_like(S), torch.zeros_like(S)
-    cur, cur_k, cur_d = (torch.zeros(N, D, D, dtype=F64) for _ in range(3))
-    for c in range(nc):
-        S[:, c], Sk[:, c], delta[:, c] = cur, cur_k, cur_d
-        coef = torch.exp(G[:, c, -1:] - G[:, c]) * bb[:, c]  # (N, C)
-        dec = torch.exp(G[:, c, -1])[:, None, None]
-        Kc = K[:, c]
-        v = coef[..., None] * Kc  # the coefficient keys, rounded by the kernel: within [lo, hi]
-        lo, hi = rnd(v - e_key * v.abs()), rnd(v + e_key * v.abs())
-        Vm, Vu = (lo + hi) / 2, (hi - lo) / 2
-        Kt_ = Kc.transpose(-1, -2)
-        cur = dec * cur + Kt_ @ (coef[..., None] * Kc)
-        carried = dec * (1 + e_gate) * (1 + U32)  # fl(dec_hat S32)'s factor
-        cur_d = (
-            carried * cur_d
-            + dec * ((1 + e_gate) * (1 + U32) - 1) * cur_k.abs()
-            + Kc.abs().transpose(-1, -2) @ Vu
-            + g_dot
-            * (carried * (cur_k.abs() + cur_d) + Kc.abs().transpose(-1, -2) @ (Vm.abs() + Vu))
-        )
-        cur_k = dec * cur_k + Kt_ @ Vm
-    if u_op > 0:  # the state stored in bf16: S_hat in [rd(Sk - delta), rd(Sk + delta)]
-        lo, hi = round_bf16(Sk - delta), round_bf16(Sk + delta)
-        Sm, Uh = (lo + hi) / 2, (hi - lo) / 2
-    else:
-        Sm, Uh = Sk, delta
+    # 1. chunk-start states: exact (S), the kernel's stored one within [Sm - Uh, Sm + Uh]
+    S, Sm, Uh = chunk_state_bound(K, K, G, bb, e_gate=e_gate, gated=gated, u_op=u_op)
     E0 = Sm - S
     nE0 = torch.linalg.matrix_norm(E0, ord=2)  # (N, nc)
     fE0 = torch.linalg.matrix_norm(E0) + torch.linalg.matrix_norm(Uh)  # ||S_hat - S||_F

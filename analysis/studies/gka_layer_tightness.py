@@ -1,7 +1,8 @@
 """How large and how tight the GKA layer's per-token forward bound is (docs/gka_layer.md, "Per-token
 bound").
 
-``python -m analysis.studies.gka_layer_tightness [--T 256 512 1024] [--every 4] [--kernel]`` prints,
+``python -m analysis.studies.gka_layer_tightness [--T 256 512 1024] [--every 4] [--kernel] [--y]``
+prints,
 at GKA's setting (D = 128, a = 0.02, r = 30, L2-normalised bf16 keys and queries, no gates), for
 every ``every``-th token from t = 0:
 
@@ -11,15 +12,24 @@ every ``every``-th token from t = 0:
 * the same for the first-order bound FWD of ``analysis.testing.gka_gradient_harness``;
 * ``measured / LTB`` for the warp-group MMA kernel's arithmetic in plain torch
   (``kernels.gka_layer_wgmma.emulate_solve``), and with ``--kernel`` for ``kernels.gka_solve``
-  (the Triton kernel: on a GPU, or on the CPU under TRITON_INTERPRET=1) at chunk 32.
+  (the Triton kernel: on a GPU, or on the CPU under TRITON_INTERPRET=1) at chunk 32;
+* with ``--y``, the layer's output ``y_t = U_t x_t`` (Gaussian bf16 values): ``LTB-y / ||y_t||``
+  (``analysis.bounds.gka_layer_output.layer_output_bound``) at chunk 64, its quantiles and share
+  below ``||y_t||``, ``measured / LTB-y`` for the warp-group MMA arithmetic in plain torch
+  (``kernels.gka_layer_wgmma.emulate_layer``), and with ``--kernel`` for ``kernels.gka_layer`` at
+  chunk 32 (the Triton kernel) and, on a GPU, at its default (the warp-group MMA kernel where it
+  applies, at chunk 64).
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
 from analysis.argtypes import HelpFormatter, OneLineParser, positive_int
 from analysis.bounds.gka_layer import layer_token_bound
+from analysis.bounds.gka_layer_output import layer_output_bound
 from analysis.testing.gka_gradient_harness import UB, dfro_bound, eps_model, fwd_bound
 
 F64 = torch.float64
@@ -33,6 +43,13 @@ def unit_inputs(T: int, D: int, seed: int):
         torch.randn(1, T, D, generator=gen, dtype=F64), dim=-1
     )  # noqa: E731
     return unit().to(torch.bfloat16), unit().to(torch.bfloat16)
+
+
+def gaussian_values(T: int, D: int, seed: int) -> torch.Tensor:
+    """bf16 values ``(1, T, D)`` with standard normal entries (their own generator: q and k stay
+    those of :func:`unit_inputs`)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(1, T, D, generator=gen, dtype=F64).to(torch.bfloat16)
 
 
 def fwd_relative(q, k, tokens, *, a: float, iters: int, C: int) -> torch.Tensor:
@@ -88,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--kernel", action="store_true", help="also kernels.gka_solve (GPU or TRITON_INTERPRET=1)"
     )
+    ap.add_argument("--y", action="store_true", help="also the layer output y_t = U_t x_t")
     args = ap.parse_args(argv)
     D, a, r = 128, 0.02, 30
     print(f"D={D} a={a} r={r} unit keys and queries in bf16, no gates, every {args.every}th token")
@@ -118,7 +136,59 @@ def main(argv=None) -> int:
         print(
             f"T={T:5d} C=64  FWD/||x||  {_q(f)}  below ||x||: {float((f < 1).double().mean()):.3f}"
         )
+        if args.y:
+            y_rows(q, k, gaussian_values(T, D, args.seed), tokens, a=a, iters=r, kernel=args.kernel)
     return 0
+
+
+def _y_ratio(y, b) -> torch.Tensor:
+    """measured / LTB-y at the bound's tokens, y ``(N, T, Dv)`` from a kernel (any device)."""
+    y = y.detach().cpu().to(F64)[:, b.tokens]
+    return (torch.linalg.vector_norm(y - b.y, dim=-1) / b.bound)[0]
+
+
+def y_rows(q, k, v, tokens, *, a: float, iters: int, kernel: bool) -> None:
+    """The ``--y`` rows of one T (module docstring)."""
+    from kernels.gka_layer_wgmma import emulate_layer
+
+    T = q.shape[1]
+    bounds = {}
+    for C in (64, 32) if kernel else (64,):
+        bounds[C] = layer_output_bound(
+            q, k, v, a=a, iters=iters, chunk_size=C, contract="bfloat16/operands", tokens=tokens
+        )
+    rel = bounds[64].relative[0]
+    below = float((rel < 1).double().mean())
+    print(f"T={T:5d} C=64  LTB-y/||y||  {_q(rel)}  below ||y||: {below:.3f}")
+    y, _ = emulate_layer(q, k, v, a=a, iters=iters)
+    print(
+        f"        warp-group MMA arithmetic (emulated): measured/LTB-y  {_q(_y_ratio(y, bounds[64]))}"
+    )
+    if not kernel:
+        return
+    import kernels
+
+    layer = importlib.import_module("kernels.gka_layer")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    qd, kd, vd = q.to(dev), k.to(dev), v.to(dev)
+    y = kernels.gka_layer(qd, kd, vd, a=a, iters=iters, chunk_size=32)
+    print(
+        f"        Triton kernel (kernels.gka_layer, C=32): measured/LTB-y  {_q(_y_ratio(y, bounds[32]))}"
+    )
+    if dev == "cuda":  # the default path: the warp-group MMA kernel where it applies
+        which = layer.solve_kernel_for(qd, None, None, "bfloat16/operands", vd)
+        C = 64 if which == "wgmma" else layer.DEFAULT_CHUNK["bfloat16/operands"]
+        b = (
+            bounds[C]
+            if C in bounds
+            else layer_output_bound(
+                q, k, v, a=a, iters=iters, chunk_size=C, contract="bfloat16/operands", tokens=tokens
+            )
+        )
+        y = kernels.gka_layer(qd, kd, vd, a=a, iters=iters)
+        print(
+            f"        {which} kernel (kernels.gka_layer, C={C}): measured/LTB-y  {_q(_y_ratio(y, b))}"
+        )
 
 
 def emulate_x(q, k, *, a, iters):
