@@ -12,7 +12,10 @@ import pathlib
 import re
 import sys
 import tempfile
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -73,23 +76,43 @@ def condition_number(text: str) -> float:
     return value
 
 
-def device(text: str) -> str:
-    """A torch device string that exists here ("cpu", "cuda", "cuda:1", ...): a typo or a CUDA
-    device on a machine without one is a usage error, not a failure of the kernel."""
+def usable_device(device) -> torch.device:
+    """``device`` (a string or a torch.device) as a torch.device that can hold the data here, or
+    a ValueError naming it: not a device at all, CUDA on a machine without one (or a missing
+    index), ``meta`` (shapes without values: a check compares values)."""
     import torch
 
     try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(
-            f"expected a torch device such as cpu or cuda, got {text!r}"
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(
+            f"expected a torch device such as cpu or cuda, got {str(device)!r}"
         ) from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA device on this machine")
-    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if dev.type == "meta":
+        raise ValueError(
+            f"{str(device)!r} holds no values (shapes only): a check compares values; use cpu or cuda"
         )
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{str(device)!r}: no CUDA device on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(
+            f"{str(device)!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    if dev.type not in ("cpu", "cuda"):
+        try:
+            torch.empty(0, device=dev)
+        except Exception:  # noqa: BLE001 - torch's error for a backend missing here varies
+            raise ValueError(f"{str(device)!r}: this device is not available here") from None
+    return dev
+
+
+def device(text: str) -> str:
+    """A torch device string that exists here ("cpu", "cuda", "cuda:1", ...): a typo, a CUDA
+    device on a machine without one or ``meta`` is a usage error, not a failure of the kernel."""
+    try:
+        usable_device(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
@@ -220,5 +243,6 @@ __all__ = [
     "plain",
     "positive_int",
     "settle_run_options",
+    "usable_device",
     "writable_folder",
 ]

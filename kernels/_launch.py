@@ -10,7 +10,8 @@ Contract shared by all kernels (docs/api.md, "kernels"):
 * inputs that are not contiguous, or broadcast, are copied to contiguous ``(N, ...)``
   buffers first (the caller's tensors are never written);
 * per-system scalars (L, mu, ...) are checked like the references check them, turned into
-  the derived constants in float64 and rounded once to float32, as ``Arith.scalar`` does.
+  the derived constants in float64 and rounded once to float32, as ``Arith.scalar`` does;
+* a kernel without a backward refuses inputs that require grad (:func:`no_autograd`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,22 @@ def device_ok(name: str, x: torch.Tensor) -> None:
             "(or set TRITON_INTERPRET=1 before importing triton to run them, slowly, on the CPU)"
         )
     raise ValueError(f"{name} is on {x.device}; Triton kernels need a CUDA device")
+
+
+def no_autograd(fn: str, instead: str, **tensors) -> None:
+    """A kernel without a backward refuses inputs that require grad while grad mode is on,
+    naming the first: its result carried no gradient, so a training loop that swapped
+    ``solvers.X`` for ``kernels.X`` stopped updating H and q without a word. ``instead``: the
+    differentiable route to suggest."""
+    if not torch.is_grad_enabled():
+        return
+    for name, x in tensors.items():
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            raise ValueError(
+                f"{name} requires grad, but kernels.{fn} has no backward: its result would "
+                f"carry no gradient. {instead}; or pass {name}.detach() (or call it under "
+                "torch.no_grad()) to run it without one"
+            )
 
 
 def kernel_dtype(name: str, x: torch.Tensor) -> None:

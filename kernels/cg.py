@@ -136,6 +136,7 @@ def cg(
             "callback: kernels.cg runs every iteration inside one launch and cannot call back; use "
             "solvers.cg for a callback, or return_info=True for the iterates (info.iterates)"
         )
+    launch.no_autograd("cg", "solvers.cg differentiates through the iteration", H=H, q=q, x0=x0)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch = launch.systems(H, q)

@@ -170,6 +170,12 @@ def run(
     return x, (xprev if store_prev else None), (xs if store_all else None)
 
 
+_DIFFERENTIABLE = (
+    "kernels.chebyshev_solve is the same forward with a kernel backward (for H and q); "
+    "solvers.chebyshev differentiates through the iteration"
+)
+
+
 def chebyshev(
     H,
     q,
@@ -198,6 +204,7 @@ def chebyshev(
     """
     iters = check.count("iters", iters)
     check.flag("return_info", return_info)
+    launch.no_autograd("chebyshev", _DIFFERENTIABLE, H=H, q=q, L=L, mu=mu)
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch, Lt, mt = launch.bounded_systems(H, q, L, mu)

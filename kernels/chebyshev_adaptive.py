@@ -86,6 +86,12 @@ def chebyshev_adaptive(
     iters = check.count("iters", iters)
     a = check.ridge_strength(a)
     check.flag("return_lambda", return_lambda)
+    launch.no_autograd(
+        "chebyshev_adaptive",
+        "solvers.gka_ridge then solvers.chebyshev differentiate through it",
+        H=H,
+        q=q,
+    )
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch = launch.systems(H, q)

@@ -122,6 +122,13 @@ def chunkwise_frobenius(
             "return_states is not supported by kernels.chunkwise_frobenius; "
             "solvers.chunkwise_frobenius(..., return_states=True) returns them"
         )
+    launch.no_autograd(
+        "chunkwise_frobenius",
+        "solvers.chunkwise_frobenius differentiates it",
+        k=k,
+        g=g,
+        beta=beta,
+    )
     launch.bf16_mode(bf16_mode)
     k = launch.tensor("k", k, min_ndim=2)
     T, D = k.shape[-2], k.shape[-1]

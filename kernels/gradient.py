@@ -104,6 +104,9 @@ def _solve(
 ):
     iters = check.count("iters", iters)
     check.flag("return_info", return_info)
+    launch.no_autograd(
+        method, f"solvers.{method} differentiates through the iteration", H=H, q=q, L=L, mu=mu
+    )
     launch.bf16_mode(bf16_mode)
     precision = launch.input_precision(input_precision)
     H2, q2, batch, Lt, mt = launch.bounded_systems(H, q, L, mu)

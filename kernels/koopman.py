@@ -652,6 +652,14 @@ def koopman_readout(
     """
     stats = _stats(stats)
     zq = _queries(stats, zq)
+    launch.no_autograd(
+        "koopman_readout",
+        "solvers.koopman_readout differentiates it",
+        **{"stats.G": stats.G, "stats.M": stats.M, "stats.Cv": stats.Cv},
+        zq=zq,
+        eta=eta,
+        gamma=gamma,
+    )
     K = check.count("K", K)
     power_iters = check.count("power_iters", power_iters)
     if sigma != "power":

@@ -616,7 +616,21 @@ def _load_impl(spec: str) -> Mapping:
         obj = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"cannot load {spec!r}: {exc}") from None
-    obj = obj() if callable(obj) and not isinstance(obj, Mapping) else obj
+    if callable(obj) and not isinstance(obj, Mapping):
+        import inspect
+
+        try:
+            inspect.signature(obj).bind()
+        except TypeError:
+            # a solver itself (say solvers:chebyshev) was a traceback from calling it bare
+            raise ValueError(
+                f"{spec!r} is a function that takes arguments; expected a mapping of names to "
+                f"functions (e.g. IMPL = {{'chebyshev': my_chebyshev}}) or a function of no "
+                f"arguments returning one"
+            ) from None
+        except ValueError:  # no signature to read (a builtin): call it as before
+            pass
+        obj = obj()
     if not isinstance(obj, Mapping):
         raise ValueError(f"{spec!r} is not a mapping of names to functions")
     return obj

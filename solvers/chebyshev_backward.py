@@ -425,6 +425,7 @@ def _four_over_rho2(sys: System) -> torch.Tensor:
 
 def _check_reversible(sys: System, iters: int) -> None:
     """Eq. (49) divides by b_i = -(omega_i - 1), zero when L == mu (GD is not reversible)."""
+    check.has_values("H", sys.H, "the reverse methods (L > mu, the rebuilt iterates)")
     if iters >= 1 and sys.L.numel() and bool((sys.L == sys.mu).any()):
         raise ValueError(
             "the reverse methods need L > mu in every system: with L == mu, "

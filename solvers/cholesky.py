@@ -146,6 +146,7 @@ def cholesky(
         reported (JITTERED / BREAKDOWN / :class:`CholeskyError`).
     """
     G = check.square_matrix("G", G)
+    check.has_values("G", G, "the Cholesky factorisation (its pivots)")
     check.bf16_mode(bf16_mode)
     check.flag("return_info", return_info)
     jitter = _jitter(jitter)

@@ -112,6 +112,7 @@ def validate_inputs(q, k, v, g, beta, a) -> LayerInputs:
     v = check.tensor("v", v, min_ndim=2)
     check.same_kind("k", k, "q", q)
     check.same_kind("v", v, "q", q)
+    check.has_values("q", q, "the GKA layer (its gate and zero-key checks)")
     T, D = q.shape[-2], q.shape[-1]
     if k.shape[-1] != D:
         raise ValueError(f"k has key dimension {k.shape[-1]} but q has {D}")

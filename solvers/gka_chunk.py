@@ -111,6 +111,7 @@ def _chunks(T: int, chunk_size) -> list:
 def _key_inputs(k, g, beta):
     """Validated keys and gates ``(..., T, D)``, ``(..., T)``, broadcast to one batch shape."""
     k = validate_keys("k", k)
+    check.has_values("k", k, "the chunkwise norms (the gate and overflow checks)")
     g, beta, shapes = validate_gates(g, beta, "k", k)
     B = check.batch_shape("k, g and beta", k.shape[:-2], *shapes)
     T, D = k.shape[-2], k.shape[-1]

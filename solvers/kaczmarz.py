@@ -82,6 +82,7 @@ def kaczmarz(
     A = check.tensor("A", A, min_ndim=2)
     b = check.tensor("b", b, min_ndim=1)
     check.same_kind("b", b, "A", A)
+    check.has_values("A", A, "Kaczmarz (its zero-row check)")
     if b.shape[-1] != A.shape[-2]:
         raise ValueError(
             f"b has last dimension {b.shape[-1]} but A has {A.shape[-2]} rows (shape {tuple(A.shape)})"

@@ -337,6 +337,7 @@ def check_arguments(
     for name, x in (("q", q), ("k", k), ("v", v)):
         check.floating(name, x, min_ndim=3)
     check_qkv(q, k, v)
+    check.has_values("q", q, "KLA's checks (the gates' range, zero keys and queries)")
     _coefficient(coefficient)
     if not isinstance(normalize_queries, bool):
         raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")
@@ -372,6 +373,7 @@ def _prepare(
     k = check.tensor("k", k, min_ndim=3)
     v = check.tensor("v", v, min_ndim=3)
     check_qkv(q, k, v)
+    check.has_values("q", q, "KLA's checks (the gates' range, zero keys and queries)")
     coefficient = _coefficient(coefficient)
     if not isinstance(normalize_queries, bool):
         raise TypeError(f"normalize_queries must be a bool, got {type(normalize_queries).__name__}")

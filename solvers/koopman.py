@@ -127,6 +127,7 @@ def _check_data(z, v, mask):
     z = check.tensor("z", z, min_ndim=2)
     v = check.tensor("v", v, min_ndim=2)
     check.same_kind("v", v, "z", z)
+    check.has_values("z", z, "the statistics (the sequence max, the finiteness checks)")
     if v.shape[-2] != z.shape[-2]:
         raise ValueError(
             f"v has {v.shape[-2]} positions but z has {z.shape[-2]} (shapes (..., T, P), (..., T, r))"

@@ -40,6 +40,7 @@ def gka_ridge(H, a: float) -> RidgeSystem:
     lambda = 0 and the system singular).
     """
     H = check.square_matrix("H", H)
+    check.has_values("H", H, "the ridge shift (its zero-norm check)")
     a = check.ridge_strength(a)
     H64 = H.to(torch.float64)
     fro = torch.linalg.matrix_norm(H64, ord="fro")

@@ -58,6 +58,16 @@ def finite(name: str, x: torch.Tensor) -> None:
         raise ValueError(f"{name} has {bad} non-finite entries (NaN or Inf)")
 
 
+def has_values(name: str, x: torch.Tensor, what: str) -> None:
+    """``x`` must hold values: a meta tensor (shapes only) cannot go where ``what`` reads them
+    (a range check, a pivot, a zero key), which would otherwise fail inside torch."""
+    if x.device.type == "meta":
+        raise ValueError(
+            f"{name} is on the meta device, which holds no values: {what} cannot run on it "
+            "(pass cpu or cuda tensors)"
+        )
+
+
 def square_matrix(name: str, H) -> torch.Tensor:
     H = tensor(name, H, min_ndim=2)
     if H.shape[-1] != H.shape[-2]:
@@ -162,6 +172,8 @@ def parameter(name: str, v, batch: torch.Size, device) -> torch.Tensor:
     if isinstance(v, bool):
         raise TypeError(f"{name} must be a float or a tensor, got bool")
     if isinstance(v, numbers.Real):
+        if not math.isfinite(v):  # checked here: on a meta device the value is gone
+            raise ValueError(f"{name} has 1 non-finite entries (NaN or Inf)")
         t = torch.tensor(float(v), dtype=torch.float64, device=device)
     elif isinstance(v, torch.Tensor):
         if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
@@ -181,7 +193,10 @@ def parameter(name: str, v, batch: torch.Size, device) -> torch.Tensor:
 
 
 def spectrum_bounds(L: torch.Tensor, mu: torch.Tensor) -> None:
-    """``L >= mu > 0`` (GKA Algorithm 1, line 1)."""
+    """``L >= mu > 0`` (GKA Algorithm 1, line 1). On a meta device (shapes only, as ``finite``)
+    there are no values to compare: a float L or mu was checked on the host by ``parameter``."""
+    if "meta" in (L.device.type, mu.device.type):
+        return
     if mu.numel() and not bool((mu > 0).all()):
         raise ValueError(f"mu must be > 0, got min(mu) = {float(mu.min())}")
     if L.numel() and not bool((L >= mu).all()):

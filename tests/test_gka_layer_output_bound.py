@@ -307,3 +307,49 @@ def test_bad_v_is_named(change, what):
     kw.update(change)
     with pytest.raises(ValueError, match=what):
         layer_output_bound(kw["q"], kw["k"], kw["v"], a=0.05, iters=3, chunk_size=16, contract=BF16)
+
+
+# ----------------------------------------------------------------- the GPU at GKA's size
+
+
+@pytest.mark.gpu
+def test_gpu_ltb_y_gka_setting_t4096(monkeypatch):
+    """LTB-y at GKA's size: one sequence of T = 4096 tokens, D = Dv = 128, a = 0.02, r = 30, unit
+    keys and queries, Gaussian values, bf16, every 16th token. ``kernels.gka_layer`` at its default
+    (the warp-group MMA kernel on Hopper) and the Triton kernel at chunk 32 within LTB-y on every
+    sampled token; LTB-y below ||y_t|| past the first chunk (docs/gka_layer.md: INCONCLUSIVE on
+    the first tokens); and the value state of the previous chunk beyond it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    a, r, T = 0.02, 30, 4096
+    x = make_case(41, T=T, D=128, Dv=128, unit=True)
+    tokens = torch.arange(0, T, 16)
+    b = bound(x, a=a, iters=r, C=CHUNK, tokens=tokens)
+    b32 = bound(x, a=a, iters=r, C=32, tokens=tokens)
+    q = lambda t: [
+        round(float(v), 4)
+        for v in torch.quantile(t.flatten(), torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=F64))
+    ]  # noqa: E731
+    print("LTB-y/||y|| q10 q50 q90 max", q(b.relative))
+    assert bool((b.relative[:, tokens >= CHUNK] < 1.0).all())  # a check past the first chunk
+
+    def default():
+        y, info = kernels.gka_layer(x["q"], x["k"], x["v"], a=a, iters=r, return_info=True)
+        return y
+
+    runs = {"default": (default, b), "triton_c32": (lambda: layer(x, a=a, iters=r, C=32)[0], b32)}
+    for name, (run, bd) in runs.items():
+        m = ratio(run(), bd)
+        print(name, "measured/LTB-y q10 q50 q90 max", q(m))
+        assert bool((m <= 1.0).all()), (name, float(m.max()))  # LTB-y
+    original = mod.chunk_states
+
+    def previous_value_state(p, state_dtype, prec, with_u):
+        H0, U0 = original(p, state_dtype, prec, with_u)
+        if U0 is not None:
+            U0 = torch.cat([torch.zeros_like(U0[:, :1]), U0[:, :-1]], 1).contiguous()
+        return H0, U0
+
+    monkeypatch.setattr(mod, "chunk_states", previous_value_state)
+    for name, (run, bd) in runs.items():
+        assert bool((ratio(run(), bd) > 1.0).any()), name

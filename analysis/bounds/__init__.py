@@ -3,7 +3,9 @@
 ``iterative`` (a-priori bounds of Chebyshev, CG, GD, AGD), ``running`` (running rounding bounds
 of those solvers), ``contract`` (running bounds of a kernel that declares a precision contract),
 ``cholesky``, ``kaczmarz`` (Kaczmarz and KLA), ``kla_kernel``, ``gka_layer`` (the GKA layer's
-chunkwise kernels, per token), ``gka_layer_output`` (the same for the layer's output y), and ``checks`` (a run held to its bounds at every iterate).
+chunkwise kernels, per token), ``gka_layer_output`` (the same for the layer's output y),
+``reverse_backward`` (the reverse Chebyshev backward, GKA Algorithm 2), and ``checks`` (a run
+held to its bounds at every iterate).
 """
 
 import importlib as _importlib

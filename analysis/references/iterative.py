@@ -372,6 +372,8 @@ def _flat_systems(H: torch.Tensor, q: torch.Tensor):
         raise ValueError(f"q has last dimension {q.shape[-1]} but H is {H.shape[-2]}x{H.shape[-1]}")
     if H.shape[-1] == 0:
         raise ValueError(f"H must have D >= 1, got shape {tuple(H.shape)}")
+    _v.has_values("H", H, "the mpmath ground truth")
+    _v.has_values("q", q, "the mpmath ground truth")
     # mp Cholesky reads one triangle only: a non-symmetric H was silently another system
     if not torch.equal(H, H.mT):
         raise ValueError("H must be symmetric (exactly, as stored)")

@@ -356,11 +356,28 @@ def check_kernel(
     progress=None,
 ) -> dict:
     """Run the harness for every (input dtype, contract) pair; returns the report dict (without
-    provenance, which :func:`main` adds). ``kernel``: a callable; ``like``: a :data:`LIKE` key."""
+    provenance, which :func:`main` adds). ``kernel``: a callable; ``like``: a :data:`LIKE` key
+    (or ``solvers.NAME``, as ``--like`` takes it); ``precisions``, ``models``: a name or a
+    sequence of names."""
     import torch
 
     h = harness()
+    # checked here as on the command line: a misspelt name, one string where a sequence is
+    # wanted ("float32" read letter by letter) or a dtype the harness has no strategy for were
+    # KeyErrors ('gdd', 'f') or an unknown contract 'f'
+    if not isinstance(like, str):
+        raise TypeError(f"like must be a reference name such as 'chebyshev', got {like!r}")
+    like = like_name(like)
     spec = LIKE[like]
+    precisions = (precisions,) if isinstance(precisions, str) else tuple(precisions)
+    for p in precisions:
+        if p not in h.PRECISIONS:
+            raise ValueError(
+                f"precisions must name input dtypes among {sorted(h.PRECISIONS)}, got {p!r}"
+            )
+    if not precisions:
+        raise ValueError("precisions is empty: name at least one input dtype")
+    models = [models] if isinstance(models, str) else models
     reference = reference_of(spec)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     contracts = contracts_for(models, spec)
@@ -641,6 +658,18 @@ def _writable(path: str) -> None:
         raise UsageError(
             "--out", f"cannot write {path!r}: its folder does not exist or is not writable"
         )
+    # os.access can say yes where the write fails (root on a read-only or virtual file system,
+    # /proc): open it now, before the checks run, rather than a traceback at the end
+    existed = p.exists()
+    try:
+        with open(p, "a"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            "--out", f"cannot write {path!r}: {e.strerror or type(e).__name__}"
+        ) from None
+    if not existed:
+        p.unlink(missing_ok=True)
 
 
 def run(args, prog: str = "svt check-kernel") -> int:
@@ -655,8 +684,8 @@ def run(args, prog: str = "svt check-kernel") -> int:
         prepare = None
         if args.prepare:
             try:
-                prepare = harness().load(args.prepare)
-            except ValueError as e:
+                prepare = harness().prepare_hook(harness().load(args.prepare))
+            except (ValueError, TypeError) as e:
                 raise UsageError("--prepare", str(e)) from None
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -61,6 +61,7 @@ import argparse
 import contextlib
 import functools
 import importlib
+import inspect
 import math
 import numbers
 import os
@@ -82,9 +83,11 @@ from analysis.argtypes import (
     interpret_without_gpu,
     plain,
     positive_int,
+    usable_device,
 )
 from analysis.argtypes import device as device_arg
 from analysis.bounds.contract import (
+    LINEAR_METHODS,
     arith_of,
     as_contract,
     binade,
@@ -92,6 +95,7 @@ from analysis.bounds.contract import (
     fro_error,
     linear_bound,
 )
+from analysis.bounds.reverse_backward import reverse_backward_bound
 from analysis.precision import rounding_allowance
 from analysis.testing.koopman_strategy import koopman_problem, koopman_strategy
 from analysis.testing.strategies.reproducible import pin_local_constants
@@ -288,7 +292,7 @@ def _spd_case(
     method = draw(st.sampled_from(methods)) if methods else None
     reverse = method in ("reverse", "reverse_stored_omega")
     # the reverse methods in GKA's regime, kappa >= 10 (Remark 2): below it omega_i - 1 is
-    # small and eq. (49) amplifies errors by (omega_i - 1)^(-1/2) per step (reverse_growth)
+    # small and eq. (49) amplifies errors by (omega_i - 1)^(-1/2) per step (GKA Remark 2)
     if min_lambda is None:
         kappa = draw(
             st.floats(10.0, max(10.0, max_kappa)) if reverse else st.floats(1.0, max_kappa)
@@ -527,6 +531,9 @@ def spd(
             f"min_lambda must be at most {max(SPD_SCALES)} (the largest spectrum scale drawn), "
             f"got {min_lambda}"
         )
+    if method is not None and method not in LINEAR_METHODS:
+        # checked here: in the bound, a typo was a FAIL "with an exception outside any case"
+        raise ValueError(f"method must be one of {LINEAR_METHODS} or None, got {method!r}")
     cases = _spd_case(
         max_d=max_d,
         max_batch=max_batch,
@@ -713,90 +720,30 @@ def gka_ridge(
 # ---------------------------------------------------------------------- backward
 
 
-def _omegas64(L, mu, iters, shape, device):
-    L = torch.broadcast_to(torch.as_tensor(L, dtype=torch.float64, device=device), shape)
-    mu = torch.broadcast_to(torch.as_tensor(mu, dtype=torch.float64, device=device), shape)
-    rho2 = ((L - mu) / (L + mu)) ** 2
-    w = [torch.full_like(rho2, 2.0)]
-    for _ in range(iters):
-        w.append(4.0 / (4.0 - rho2 * w[-1]))
-    return L, mu, torch.stack(w, -1)
-
-
-def reverse_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
-    """How much the rebuilt iterates of the reverse methods can amplify a rounding error, per
-    system (float64): GKA eq. (49) runs Algorithm 1's three-term recurrence backwards; on
-    [mu, L] its characteristic roots are complex with modulus sqrt(omega_i - 1) < 1, so
-    backwards an error grows by ``(omega_i - 1)^(-1/2)`` per step (GKA Remark 2), times at most
-    r as the roots coalesce: ``R = r prod_{i=2..r} (omega_i - 1)^(-1/2)``."""
-    L, mu, w = _omegas64(L, mu, iters, shape, device)
-    growth = torch.full(shape, float(max(iters, 1)), dtype=torch.float64, device=device)
-    if iters >= 2:
-        growth = growth * torch.prod((w[..., 2:] - 1.0) ** -0.5, dim=-1)
-    return growth
-
-
-def nu_growth(L, mu, iters: int, shape, device="cpu") -> torch.Tensor:
-    """``G_nu``: how much the recovered weights of method "reverse" amplify one rounding:
-    (47) ``nu_{i-1} = 4/rho^2 (1 - 1/nu_i)`` multiplies an error in nu_i by ``4 / (rho^2 nu_i^2)``."""
-    L, mu, w = _omegas64(L, mu, iters, shape, device)
-    rho2 = ((L - mu) / (L + mu)) ** 2
-    total = torch.ones(shape, dtype=torch.float64, device=device)
-    prod = torch.ones_like(total)
-    for i in range(iters, 0, -1):
-        prod = prod * 4.0 / (rho2 * w[..., i] ** 2)
-        total = total + prod
-    return total
-
-
-def adjoint_sum(H, q, g, L, mu, iters: int) -> torch.Tensor:
-    """``sum_{i=1..r} c_i ||lambda_i|| max_j ||xi_j||`` in float64 (GKA eq. (46), (48)): the
-    size of the terms dH = -sum c_i lambda_i xi_{i-1}^T adds up, before cancellation."""
-    shape = H.shape[:-2]
-    L, mu, w = _omegas64(L, mu, iters, shape, H.device)
-    step = (2.0 / (L + mu)).unsqueeze(-1)
-    xi_prev, xi = torch.zeros_like(q), step * q
-    xi_max = xi.norm(dim=-1)
-    for i in range(1, iters + 1):
-        wi = w[..., i].unsqueeze(-1)
-        xi_new = (
-            xi - wi * step * ((H @ xi.unsqueeze(-1)).squeeze(-1) - q) + (wi - 1.0) * (xi - xi_prev)
-        )
-        xi_prev, xi = xi, xi_new
-        xi_max = torch.maximum(xi_max, xi.norm(dim=-1))
-    total = torch.zeros(shape, dtype=torch.float64, device=H.device)
-    lam, lam_next = g, torch.zeros_like(g)
-    for i in range(iters, 0, -1):
-        wi = w[..., i].unsqueeze(-1)
-        c = wi * step
-        total = total + (c * lam).norm(dim=-1)
-        b_next = -(w[..., i + 1].unsqueeze(-1) - 1.0) if i < iters else torch.zeros_like(wi)
-        lam_prev = (
-            wi * lam - c * (H.transpose(-1, -2) @ lam.unsqueeze(-1)).squeeze(-1) + b_next * lam_next
-        )
-        lam_next, lam = lam, lam_prev
-    return total * xi_max
-
-
 def _backward_scales(case, rounded, contract):
     """dq = CH(H, g, r) (Lemma 2: the forward recurrence on the cotangent).
 
     * implicit: running bounds (``linear_bound``) of the kernel's contract and of float32 for
       dq and for x = CH(H, q, r); dH = -dq x^T, so ``||dH_hat - dH|| <= E_dq (||x|| + E_x) +
       ||dq|| E_x`` plus the outer product's rounding ``u_acc ||dq_hat|| ||x_hat||``;
-    * reverse methods: no running bound yet: the a-priori allowance of the contract times
-      ``reverse_growth * 2 * adjoint_sum`` (and ``nu_growth`` for "reverse"), as before; in bf16
-      it is usually vacuous, and such cases make the verdict INCONCLUSIVE.
+    * reverse methods ("reverse", "reverse_stored_omega", GKA Algorithm 2 corrected): the
+      running bound of ``analysis.bounds.reverse_backward.reverse_backward_bound`` for the
+      kernel's contract plus the float32 reference's: the forward's local errors, the reversed
+      steps' (49) and the adjoint's (46) local errors, each through its exact response on H's
+      eigenvalues (the reversal's growth ``(omega_i - 1)^(-1/2)`` per step included), to dq and
+      dH (eq. (48)). It replaces the former a-priori allowance (``allowances`` times
+      ``reverse_growth * 2 * adjoint_sum``), which was a house model, not a bound; where the
+      reversal's growth makes it vacuous (dH in bf16 beyond a few steps) the case is vacuous
+      and the verdict INCONCLUSIVE.
     """
     H, q, g = rounded["H"], rounded["q"], rounded["grad_x"]
     opts = case.options
-    D = H.shape[-1]
     method = opts["method"]
     dev = H.device
+    c = as_contract(contract)
+    Hc, qc, gc = H.cpu(), q.cpu(), g.cpu()
+    o = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in opts.items()}
     if method == "implicit":
-        c = as_contract(contract)
-        Hc, qc, gc = H.cpu(), q.cpu(), g.cpu()
-        o = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in opts.items()}
         dq_k, dq_r = _two_runs("chebyshev", Hc, gc, o, c)
         x_k, x_r = _two_runs("chebyshev", Hc, qc, o, c)
         E_dq = dq_k.bound[-1] + dq_r.bound[-1]
@@ -804,15 +751,10 @@ def _backward_scales(case, rounded, contract):
         ndq, nx = dq_k.x[-1].norm(dim=-1), x_k.x[-1].norm(dim=-1)
         outer = c.u_acc * (ndq + E_dq) * (nx + E_x) + REFERENCE_CONTRACT.u_acc * ndq * nx
         return E_dq.to(dev), (E_dq * (nx + E_x) + ndq * E_x + outer).to(dev)
-    a = allowances(_kappa(H, opts), D, contract).to(dev)
-    lmin = _lam_min(H)
-    dq = a * 3.0 * g.norm(dim=-1) / lmin
-    if method == "reverse":
-        g_nu = nu_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], dev)
-        widen = (D + 1 + 2.0 * g_nu) / (D + 1)
-        a, dq = a * widen, dq * widen
-    growth = reverse_growth(opts["L"], opts["mu"], opts["iters"], H.shape[:-2], dev)
-    return dq, a * growth * 2.0 * adjoint_sum(H, q, g, opts["L"], opts["mu"], opts["iters"])
+    args = dict(L=o["L"], mu=o["mu"], iters=o["iters"], method=method)
+    k = reverse_backward_bound(Hc, qc, gc, contract=c, **args)
+    r = reverse_backward_bound(Hc, qc, gc, contract=REFERENCE_CONTRACT, **args)
+    return (k.dq + r.dq).to(dev), (k.dH + r.dH).to(dev)
 
 
 def spd_backward(
@@ -828,7 +770,7 @@ def spd_backward(
 ) -> Strategy:
     """SPD systems with a cotangent, for backward passes ``f(H, q, grad_x, *, L, mu, iters,
     method) -> (dq, dH)``. Reverse methods: kappa >= 10 (GKA Remark 2's regime); "reverse"
-    keeps r <= 3 (its weights come through an unstable recurrence, :func:`nu_growth`)."""
+    keeps r <= 3 (its weights come through the unstable recurrence (47))."""
     _strategy_options(
         positive=(("max_d", max_d), ("max_batch", max_batch)),
         non_negative=(("max_iters", max_iters),),
@@ -1256,7 +1198,7 @@ def run_case(
     _callables(kernel=kernel, reference=reference)
     contract = as_contract(model)
     precision = input_dtype(precision)
-    device = torch.device(device)
+    device = _checked_device(device)
     strategy = as_strategy(strategy, precision, device)
     case.meta.setdefault("reference", _name(reference))
     rounded_in = {k: v.to(precision).to(device) for k, v in case.inputs.items()}
@@ -1513,11 +1455,18 @@ def check(
     """
     pin_local_constants()  # the cases depend on strategy and seed only (analysis.testing.strategies.reproducible)
     _callables(kernel=kernel, reference=reference)
+    prepare_hook(prepare)
     dtype = input_dtype(precision)
     contract = as_contract(model)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _checked_device(device)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be an int or None, got {seed!r}")
+    if examples is not None and (
+        isinstance(examples, bool) or not isinstance(examples, numbers.Integral)
+    ):
+        raise TypeError(f"examples must be an int or None, got {examples!r}")
+    if examples is not None and examples < 1:
+        raise ValueError(f"examples must be >= 1 (cases to draw), got {examples}")
     strategy = as_strategy(strategy, dtype, device)
     rep = Report(
         _name(kernel),
@@ -1617,6 +1566,38 @@ def assert_matches(
     if rep.verdict == FAIL or (conclusive and rep.verdict != PASS):
         raise AssertionError(str(rep))
     return rep
+
+
+def _checked_device(device) -> torch.device:
+    """``device`` for :func:`check` (None: cuda if available, else cpu), or a ValueError naming
+    it: a CUDA device on a machine without one or ``meta`` (no values to compare) was reported
+    as a FAIL of the kernel, an unknown name as torch's RuntimeError."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return usable_device(device)
+    except ValueError as e:
+        raise ValueError(f"device: {e}") from None
+
+
+def prepare_hook(prepare):
+    """``prepare`` (or None) if it can be called as ``prepare(rounded, options, precision)``;
+    a TypeError naming it otherwise. A hook of another signature (a solver given by mistake)
+    was a FAIL "with an exception outside any case", as if the kernel had failed."""
+    if prepare is None:
+        return None
+    if not callable(prepare):
+        raise TypeError(f"prepare must be a callable or None, got {prepare!r}")
+    try:
+        inspect.signature(prepare).bind(None, None, None)
+    except TypeError:
+        raise TypeError(
+            f"prepare must take (rounded, options, precision) and return (inputs, options); "
+            f"{_name(prepare)}{inspect.signature(prepare)} does not"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): left to the call
+        pass
+    return prepare
 
 
 def _callables(**named) -> None:
@@ -1753,7 +1734,7 @@ def main(argv=None) -> int:
         ("--model", lambda: as_contract(args.model)),
         ("KERNEL", lambda: load(args.kernel)),
         ("REFERENCE", lambda: load(args.reference)),
-        ("--prepare", lambda: load(args.prepare) if args.prepare else None),
+        ("--prepare", lambda: prepare_hook(load(args.prepare)) if args.prepare else None),
     )
     got = []
     for option, step in steps:
