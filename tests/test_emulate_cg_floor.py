@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_contract_bounds_cg import _relative_anorm_error
 
 from analysis.bounds.contract import cg_bound
 from analysis.testing import harness
@@ -48,15 +49,6 @@ def _system(D, kappa, seed, q_scale=1.0):
     case = harness.spd_case(D, (8,), kappa, iters=2 * D, seed=seed, bounds=False)
     H, q = (case.inputs[k].to(torch.bfloat16).float() for k in ("H", "q"))  # bf16 inputs
     return H, q * q_scale
-
-
-def _relative_anorm_error(H, q, x):
-    """``||x - x*||_A / ||x*||_A`` in float64 on the inputs as given."""
-    A, b = H.double(), q.double()
-    xs = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1)
-    e = x.double() - xs
-    err = torch.sqrt(torch.clamp((e * (A @ e.unsqueeze(-1)).squeeze(-1)).sum(-1), min=0.0))
-    return err / torch.sqrt((xs * b).sum(-1))
 
 
 def _within_cg_bound(cg, H, q, iters, contract=CONTRACT) -> bool:

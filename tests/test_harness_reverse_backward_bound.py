@@ -19,8 +19,8 @@ import torch
 
 import solvers
 from analysis.bounds.reverse_backward import reverse_backward_bound
+from analysis.studies.reverse_backward_bound import reverse_system as system
 from analysis.testing import harness
-from analysis.testing.strategies import log_uniform_spd
 from solvers.contracts import of_reference
 
 F32 = torch.float32
@@ -88,19 +88,6 @@ def emulated_reverse(
         x, xp = xp, xpp
         lam_next, lam, nu_next = lam, lam_prev, wi
     return (dq + step * lam) * dq_scale, dH
-
-
-def system(D, kappa, seed, precision, loose=1.0):
-    """A rounded SPD system (float64 copies of the values a kernel receives), a cotangent, and
-    L, mu enclosing the rounded spectrum (``L >= 1.5 mu``, as the strategy draws them)."""
-    gen = torch.Generator().manual_seed(seed)
-    H = log_uniform_spd(D, 1, kappa, 1.0, gen)[0]
-    q = torch.randn(D, generator=gen, dtype=torch.float64)
-    g = torch.randn(D, generator=gen, dtype=torch.float64)
-    H, q, g = (t.to(precision).to(torch.float64) for t in (H, q, g))
-    ev = torch.linalg.eigvalsh(H)
-    mu = float(ev[0]) / loose
-    return H, q, g, max(float(ev[-1]) * loose, 1.5 * mu), mu
 
 
 def measured(out, b):

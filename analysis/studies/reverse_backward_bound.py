@@ -27,15 +27,18 @@ CONTRACTS = ("float32", "tf32", "bfloat16/operands", "bfloat16/storage")
 KAPPAS = (16.0, 51.0, 100.0)
 
 
-def _system(D, kappa, seed, precision):
+def reverse_system(D, kappa, seed, precision, loose=1.0):
+    """A rounded SPD system (float64 copies of the values a kernel receives: H log-uniform in
+    [1/kappa, 1], Gaussian q), a Gaussian cotangent g, and L, mu enclosing the rounded spectrum,
+    widened by ``loose`` (``L >= 1.5 mu``, as the strategy draws them)."""
     gen = torch.Generator().manual_seed(seed)
     H = log_uniform_spd(D, 1, kappa, 1.0, gen)[0]
     q = torch.randn(D, generator=gen, dtype=torch.float64)
     g = torch.randn(D, generator=gen, dtype=torch.float64)
     H, q, g = (t.to(precision).to(torch.float64) for t in (H, q, g))
     ev = torch.linalg.eigvalsh(H)
-    mu = float(ev[0])
-    return H, q, g, max(float(ev[-1]), 1.5 * mu), mu
+    mu = float(ev[0]) / loose
+    return H, q, g, max(float(ev[-1]) * loose, 1.5 * mu), mu
 
 
 # ---------------------------------------------------------------- the former allowance
@@ -107,7 +110,7 @@ def ratios(contract, kappa, D, iters, systems, method="reverse_stored_omega"):
     prec = torch.bfloat16 if contract.startswith("bfloat16") else torch.float32
     rq, rH, rA = [], [], []
     for s in range(systems):
-        H, q, g, L, mu = _system(D, kappa, 100 + s, prec)
+        H, q, g, L, mu = reverse_system(D, kappa, 100 + s, prec)
         b = reverse_backward_bound(
             H, q, g, L=L, mu=mu, iters=iters, method=method, contract=contract
         )
