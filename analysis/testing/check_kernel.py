@@ -116,7 +116,8 @@ LIKE = {
         "koopman",
         "analysis.testing.koopman_strategy:koopman_reference",
         "f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y (Echo eq. (13), statistics as inputs)",
-        # its bound (a first-order allowance) is vacuous in bf16 arithmetic
+        # its bound (analysis.bounds.koopman, a proof under stated hypotheses) is vacuous in
+        # bf16 arithmetic
         contracts=("float32", "tf32x3", "tf32"),
     ),
     "gka_layer_backward": Like(

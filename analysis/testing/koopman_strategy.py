@@ -36,43 +36,12 @@ slower-mixing keys (T = 2r, or dyn = 0.9 at T = 4r, give kappa(G~) in the hundre
 thousands, as in early chunks of the chunk-causal mode), and P = 1 (y is then one inner product
 of r terms, whose rounding bound exceeds |y| wherever the terms cancel).
 
-The bound (:func:`readout_bound`) -- a model, not a proof
----------------------------------------------------------
-Per query, ``||y_kernel - y_reference|| <= (A(contract) + A(float32)) S_q`` (plus the harness's
-rounding of the returned y) with
-
-* ``S_q = |eta| max_k ||W A'^k|| max(||A'^{K-k} w_q||, ||A'|| ||A'^{K-k-1} w_q||)``,
-  ``W = C_v L^{-T}``, ``w_q = L^{-1} zq_q / m``, ``A' = gamma A_w / max(1, sigma)`` (the 6-step
-  power estimate replayed), all exact (float64) on the rounded inputs. A first-order error of
-  the chain ``y_q = eta W A' ... A' w_q`` (a whitening, a product, a factor A') sits between
-  two partial products with at most one factor A' between them, so ``S_q`` is the size it
-  multiplies; ``||y_q|| <= S_q <= |eta| ||W|| ||A'||^K ||w_q||``, which on SKA's own statistics
-  (gain 1) is at most the a-priori scale ``S`` of the verification rows
-  (``analysis.references.koopman.readout_scale``);
-* ``A(c) = analysis.precision.rounding_allowance((K + 2) kappa(G~), r, c)``, the project's
-  allowance ``8 kappa (n u_acc + u_store)`` (docs/precision.md, "Why c = 8") with the
-  verification rows' ``kappa = (K + 2) kappa(G~)`` (K + 1 factors ``G~^{-1}`` in
-  ``eta C_v G~^{-1} (M G~^{-1})^K zq``, plus the query's whitening) and ``n = r``, the length of
-  every dot product once the statistics are inputs (the rows' ``max(T, r)`` also counts the sums
-  that form them); the contract's operand rounding of a float32 value (tf32: 2^-11, tf32x3:
-  2^-22, bf16: 2^-8) or its stores take the ``u_store`` place.
-
-First order, every rounding aligned at its worst: a model of a backward-stable readout
-(Cholesky, triangular inverse or solves, products), which both ``kernels.koopman_readout``
-(explicit ``L^{-1}``, ``F = eta W A'^K``) and ``solvers.koopman_readout`` (two solves for
-``B_v``, ``z_f = L w_f``) are, not a theorem about every algorithm. How tight, against the exact
-readout (float64) on the same statistics, with one contract's bound (docs/harness.md, "Koopman
-readout"; tests/test_harness_koopman.py):
-
-* on 250 drawn cases (seeds 0-4, 50 each): ``bound / ||y||`` (kernel's plus reference's bound,
-  ``||y||`` the system's largest query output) median 0.0021, 90% 0.059, max 0.44 under
-  float32, never vacuous; under tf32 median 0.36, 90% 5, vacuous on 24% of the cases
-  (INCONCLUSIVE runs); measured / bound median 3e-4, 90% 0.014, max 0.15 for the float32
-  emulation of the kernel's algorithm (0.26 for ``solvers.koopman_readout`` in float32), median
-  0.0039, max 0.12 for its tf32 emulation (operands rounded to nearest);
-* ``kernels.koopman_readout`` on an H100 (Triton 3.6, 40 cases, seed 0, float32 result):
-  measured / bound max 0.24 (``"ieee"``, float32), 0.05 (``"tf32x3"``), 0.48 (``"tf32"``, four
-  times the tf32 emulation's worst).
+The bound
+---------
+:func:`analysis.bounds.koopman.readout_bound` (its module docstring derives it: a proof to all
+orders under stated hypotheses) for the kernel's contract plus the float32 reference's;
+:func:`analysis.bounds.koopman.model_bound` keeps the first-order model of earlier versions
+(``harness.koopman(bound="model")``).
 
 The harness module holds the two wrappers that build its :class:`~analysis.testing.harness.Case`
 and :class:`~analysis.testing.harness.Strategy` from what this module returns
@@ -86,7 +55,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from types import SimpleNamespace
 from typing import Callable
 
 import torch
@@ -94,10 +62,10 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 import solvers
-from analysis.precision import rounding_allowance
+from analysis.bounds.koopman import model_bound, readout_bound, readout_terms
 from solvers import validation as check
-from solvers.contracts import PRESETS, parse
-from solvers.koopman import DEFAULT_EPS, GAMMA_RANGE, POWER_ITERS, KoopmanStatistics
+from solvers.contracts import PRESETS
+from solvers.koopman import DEFAULT_EPS, GAMMA_RANGE, KoopmanStatistics
 
 F64 = torch.float64
 REFERENCE_CONTRACT = PRESETS["float32"]
@@ -313,6 +281,7 @@ def koopman_strategy(
     pow2: bool = False,
     precision: torch.dtype = torch.bfloat16,
     device="cpu",
+    bound: str = "proof",
 ) -> dict:
     """The keyword arguments of the harness's ``Strategy`` for SKA readouts (``harness.koopman``
     calls this with ``build = harness.koopman_case``, the builder of :func:`koopman_problem`'s
@@ -321,8 +290,12 @@ def koopman_strategy(
     ``max_r`` (<= 64, the kernel's limit), ``max_P`` (<= 128), ``max_Q``, ``max_batch``,
     ``max_K``: the largest sizes drawn; ``gains``: the factors M is multiplied by (module
     docstring); ``pow2``: r and P powers of two only (kernels that do not pad); ``precision``:
-    the kernel's input dtype (G~ is checked as rounded to it); ``device``: where the cases live.
+    the kernel's input dtype (G~ is checked as rounded to it); ``device``: where the cases live;
+    ``bound``: ``"proof"`` (:func:`readout_bound`, default) or ``"model"`` (the first-order
+    :func:`model_bound`, fewer INCONCLUSIVE runs under tf32 and no guarantee).
     """
+    if bound not in ("proof", "model"):
+        raise ValueError(f"bound must be 'proof' or 'model', got {bound!r}")
     if not callable(build):
         raise TypeError(f"build must be a callable, got {build!r}")
     for name, v, hi in (
@@ -361,95 +334,41 @@ def koopman_strategy(
         cases=cases,
         outputs=OUTPUTS,
         core_dims=(1,),
-        scales=koopman_scales,
-        doc="Echo SKA readouts f(G, M, Cv, zq, *, scale, K, eta, gamma); bound: the allowance "
-        "(K + 2) kappa(G~), n = r, times the factor norms of y (a first-order model)",
+        scales=koopman_scales if bound == "proof" else koopman_model_scales,
+        doc="Echo SKA readouts f(G, M, Cv, zq, *, scale, K, eta, gamma); bound: "
+        + (
+            "a proof to all orders (Higham Thms 10.3, 8.5, 10.8; eq. (12)'s power estimate "
+            "bracketed), INCONCLUSIVE where a condition fails"
+            if bound == "proof"
+            else "the allowance (K + 2) kappa(G~), n = r, times the factor norms of y "
+            "(a first-order model)"
+        ),
         # y (*batch, Q): a system's queries are judged together, since a query whose output
         # cancels to a small vector says nothing about the bound
         vacuity_dims=((-1,),),
     )
 
 
-# ----------------------------------------------------------------------------- the bound
-
-
-def _units(contract) -> SimpleNamespace:
-    """The allowance's ``u_acc`` and ``u_store`` for a contract: its accumulation, and the
-    larger of its stores and its operand rounding of a float32 value."""
-    c = parse(contract)
-    return SimpleNamespace(u_acc=c.u_acc, u_store=max(c.u_store, c.u_operand(2.0**-24)))
-
-
-def _param(v, batch, device) -> torch.Tensor:
-    return torch.broadcast_to(torch.as_tensor(v, dtype=F64, device=device), batch)
-
-
-def readout_terms(G, M, Cv, zq, *, scale, K: int, eta, gamma, power_iters: int = POWER_ITERS):
-    """``(S_q (*batch, Q), kappa(G~) (*batch))`` of the exact readout on these statistics
-    (float64): ``S_q = |eta| max_k ||W A'^k|| max(||A'^{K-k} w_q||, ||A'|| ||A'^{K-k-1} w_q||)``
-    with ``W = C_v L^{-T}``, ``w_q = L^{-1} zq_q / m`` (module docstring). A G~ that is not
-    positive definite gives ``S_q = inf``."""
-    G, M, Cv, zq = (x.to(F64) for x in (G, M, Cv, zq))
-    batch, r = G.shape[:-2], G.shape[-1]
-    L, info = torch.linalg.cholesky_ex(G)
-    ok = info == 0
-    eye = torch.eye(r, dtype=F64, device=G.device)
-    L = torch.where(ok[..., None, None], L, eye)
-    X = torch.linalg.solve_triangular(L, eye.expand_as(L), upper=False)
-    A_w = X @ M @ X.mT
-    sigma = solvers.power_sigma_max(A_w, iters=power_iters)
-    A = (_param(gamma, batch, G.device) / sigma.clamp(min=1.0))[..., None, None] * A_w
-    a = torch.linalg.matrix_norm(A, ord=2)
-    m = _param(scale, batch, G.device)
-    # left[k] = ||W A'^k||, right[j] = ||A'^j w_q|| (per query)
-    WA, w = Cv @ X.mT, (zq @ X.mT) / m[..., None, None]
-    left, right = [], []
-    for _ in range(K + 1):
-        left.append(torch.linalg.matrix_norm(WA, ord=2))
-        right.append(torch.linalg.vector_norm(w, dim=-1))
-        WA, w = WA @ A, w @ A.mT
-    # every first-order error of the chain eta W A' ... A' w_q sits between two partial
-    # products, with at most one factor A' in between replaced by its norm
-    S = torch.stack(
-        [
-            left[k][..., None]
-            * (
-                right[K - k]
-                if k == K
-                else torch.maximum(right[K - k], a[..., None] * right[K - k - 1])
-            )
-            for k in range(K + 1)
-        ]
-    ).amax(0)
-    S = _param(eta, batch, G.device).abs()[..., None] * S
-    lam = torch.linalg.eigvalsh(G)
-    kappa = torch.where(ok, lam[..., -1] / lam[..., 0], torch.full_like(lam[..., 0], math.inf))
-    return torch.where(ok[..., None], S, torch.full_like(S, math.inf)), kappa
-
-
-def readout_bound(G, M, Cv, zq, *, scale, K: int, eta, gamma, contract) -> torch.Tensor:
-    """Per query ``(*batch, Q)``: ``A(contract) S_q``, the model bound on the distance of a
-    readout honouring ``contract`` from the exact readout of these statistics (module
-    docstring; ``A(c) = rounding_allowance((K + 2) kappa(G~), r, c)``)."""
-    S, kappa = readout_terms(G, M, Cv, zq, scale=scale, K=K, eta=eta, gamma=gamma)
-    r = G.shape[-1]
-    units = _units(contract)
-    allowance = torch.tensor(
-        [rounding_allowance((K + 2) * float(k), r, units) for k in kappa.reshape(-1).tolist()],
-        dtype=F64,
-        device=S.device,
-    ).reshape(kappa.shape)
-    return allowance[..., None] * S
-
-
 def koopman_scales(case, rounded, contract) -> tuple:
-    """y: the kernel's model bound plus the float32 reference's (:func:`readout_bound`)."""
+    """y: the kernel's bound (:func:`readout_bound`, ``algorithm="either"``, its products under
+    ``contract``) plus the float32 reference's (``algorithm="solves"``): a proof."""
     o = case.options
     args = (rounded["G"], rounded["M"], rounded["Cv"], rounded["zq"])
     kw = dict(scale=o["scale"], K=o["K"], eta=o["eta"], gamma=o["gamma"])
     return (
-        readout_bound(*args, contract=contract, **kw)
-        + readout_bound(*args, contract=REFERENCE_CONTRACT, **kw),
+        readout_bound(*args, contract=contract, algorithm="either", **kw)
+        + readout_bound(*args, contract=REFERENCE_CONTRACT, algorithm="solves", **kw),
+    )
+
+
+def koopman_model_scales(case, rounded, contract) -> tuple:
+    """y: the first-order model (:func:`model_bound`) of the kernel plus the reference's."""
+    o = case.options
+    args = (rounded["G"], rounded["M"], rounded["Cv"], rounded["zq"])
+    kw = dict(scale=o["scale"], K=o["K"], eta=o["eta"], gamma=o["gamma"])
+    return (
+        model_bound(*args, contract=contract, **kw)
+        + model_bound(*args, contract=REFERENCE_CONTRACT, **kw),
     )
 
 
@@ -457,10 +376,12 @@ __all__ = [
     "koopman_kernel",
     "koopman_problem",
     "koopman_reference",
+    "koopman_model_scales",
     "koopman_scales",
     "koopman_sequences",
     "koopman_strategy",
     "on_statistics",
+    "model_bound",
     "readout_bound",
     "readout_terms",
 ]
