@@ -13,7 +13,8 @@ where the caller asked for tf32.
   Products of bf16 numbers are exact in fp32 and the tensor core accumulates in fp32, so
   ``H x`` comes out with the error of an fp32 dot product plus ``|H| |e|``.
 * ``DOT_TF32`` (float32 H, ``input_precision="tf32"``): one tl.dot with the iterate in
-  column 0; operands rounded to tf32 (u = 2^-11) by the hardware.
+  column 0; operands cut to tf32 by the hardware (truncated on Hopper: u = 2^-10,
+  ``solvers.contracts.OPERAND_ROUNDOFF``).
 """
 
 import os

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from solvers import omega_schedule, unit_roundoff
 from solvers import validation as check
+from solvers.contracts import OPERAND_ROUNDOFF
 from solvers.divergence import divergence_limit, flag_divergence
 
 from . import _launch as launch
@@ -105,8 +106,9 @@ def chebyshev_kernel(
         store_vector(p_xprev, i_n, b_xp, D, BLOCK_D)
 
 
-# Unit roundoff of a tf32 operand (10 stored mantissa bits): the products' u with input_precision="tf32".
-U_TF32 = 2.0**-11
+# Unit roundoff of a tf32 operand (10 stored mantissa bits, truncated by the hardware): the
+# products' u with input_precision="tf32" (solvers.contracts).
+U_TF32 = OPERAND_ROUNDOFF["tf32"]
 
 
 def with_divergence(

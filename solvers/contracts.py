@@ -8,7 +8,9 @@ Fields:
 
 * ``input``: the dtype the inputs arrive in (``None``: whatever the caller passes);
 * ``operands``: the precision the operands of every product are rounded to before the
-  multiply: ``"fp64"``, ``"fp32"``, ``"tf32"`` (u = 2^-11), ``"tf32x3"`` (three tf32 products,
+  multiply: ``"fp64"``, ``"fp32"``, ``"tf32"`` (u = 2^-10: Triton's tf32 ``tl.dot``
+  truncates its float32 operands to tf32 on Hopper, measured in docs/validation.md, run 35;
+  cuBLAS rounds them to nearest, 2^-11, which the same u covers), ``"tf32x3"`` (three tf32 products,
   u about 2^-22) or ``"bf16"`` (u = 2^-8). An operand that already lies in that format
   (a bf16 input, a bf16-stored iterate) is not rounded again;
 * ``stored``: which intermediates are stored rounded to ``storage`` between steps, from
@@ -39,7 +41,9 @@ OPERAND_ROUNDOFF = {
     "fp64": 2.0**-53,
     "fp32": 2.0**-24,
     "tf32x3": 2.0**-22,
-    "tf32": 2.0**-11,
+    # one tf32 spacing relative (10 stored significand bits), not half of one: truncation, which
+    # Triton's tf32 tl.dot does on H100 (tests/test_tf32_operand_rounding.py), errs by up to it
+    "tf32": 2.0**-10,
     "bf16": 2.0**-8,
 }
 INTERMEDIATES = ("iterate", "state", "wy", "residual", "direction")

@@ -134,7 +134,7 @@ def test_reference_and_emulation_pass_under_float32():
 
 
 def test_tf32_emulation_is_never_beyond_the_tf32_bound():
-    # tf32 operands (2^-11) make the bound vacuous wherever 8 (K + 2) kappa(G~) u_tf32 S_q
+    # tf32 operands (2^-10) make the bound vacuous wherever 8 (K + 2) kappa(G~) u_tf32 S_q
     # reaches ||y||: INCONCLUSIVE there is the harness's answer; never FAIL
     rep = _check(_emulation(operand_bits=10), model="tf32")
     assert rep.verdict != harness.FAIL, str(rep)
@@ -265,7 +265,7 @@ def test_bound_is_conclusive_and_holds(precision):
     # float32: conclusive everywhere, a few percent of ||y|| on half the cases
     assert q["float32"][0] < 0.05 and q["float32"][2] < 1.0, q
     # tf32: vacuous (INCONCLUSIVE runs, docs/harness.md) on about half of the cases: the
-    # worst case of 2^-11 operand roundings in X M X^T, th || |X||M||X|^T ||, reaches ||A_w||
+    # worst case of 2^-10 operand roundings in X M X^T, th || |X||M||X|^T ||, reaches ||A_w||
     # at r = 64; never on all of them
     vacuous = sum(s >= 1.0 for s in size["tf32"]) / len(size["tf32"])
     assert vacuous < 0.75, (vacuous, q)
@@ -322,7 +322,7 @@ def test_each_step_of_the_proof_holds(contract, bits):
 
 
 def test_float32_bound_is_exceeded_by_a_tf32_readout():
-    # the bound is no larger than it must be: tf32 operands (2^-11) break the float32 bound
+    # the bound is no larger than it must be: tf32 operands (2^-10) break the float32 bound
     worst = 0.0
     for case in _drawn(examples=CI_EXAMPLES):
         x = {k: v.to(torch.float32) for k, v in case.inputs.items()}

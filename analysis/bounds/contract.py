@@ -44,7 +44,7 @@ over the eigenvalues where the responses are flat it is 3-5 times the norm bound
 The norms ``||eta_j||`` need the kernel's ``||x_hat_{j-1}||``, which is bounded by
 ``||x_{j-1}|| + E_{j-1}`` with E the bound being computed: a rigorous forward recursion
 (E_j uses E_{j-1}, E_{j-2}; the store term of step j uses the bound before that store).
-Order: every bf16/tf32 term (u = 2^-8 / 2^-11) is rigorous, all products of errors kept. The
+Order: every bf16/tf32 term (u = 2^-8 / 2^-10) is rigorous, all products of errors kept. The
 constants' and weights' rounding in the accumulation dtype (fp32) is bounded to first order
 with a factor-2 margin (terms O(u_fp32^2) covered by it). The float64 evaluation of the bound
 (trajectory, eigenvalues, responses) is inside ``SAFETY``.

@@ -23,7 +23,7 @@ column of ``X^ = L^{-1}`` by substitution on I, satisfies Thm 8.5, ``(L^ + dL) x
 ``|dL| <= th_r |L^|``; (H3) each product, matvec and 2-norm of length n errs by at most
 ``th_n |a|^T |b|`` (Lemma 3.1 with eq. (3.4)), each scaling, division and stored value by one
 ``u``. ``th_n = (1 + u_o)^2 (1 + u)^n (1 + u_s) - 1``, u_o the contract's operand rounding of a
-float32 value (tf32: 2^-11 round to nearest), u its accumulation, u_s its stores. H1/H2 run
+float32 value (tf32: 2^-10, truncation covered), u its accumulation, u_s its stores. H1/H2 run
 under ``factor_contract`` (default float32: the factorisation and substitution are scalar
 recurrences, in ``kernels.koopman_readout`` as in ``solvers.koopman_readout``) and H3 under
 the contract. ``solvers.koopman_readout`` (algorithm ``"solves"``) and the one-tile path of
@@ -71,7 +71,7 @@ How tight, against the exact readout (float64) on the same statistics (docs/harn
   output), median / 90% / max: float32 0.0069 / 0.60 / 2.3, vacuous on 1% (r = 64 with M x 3,
   where the bracket of the power estimate leaves c a few percent of play); tf32 0.47 / 14 /
   189, vacuous on 40% (78 of the 92 cases with r = 64, 14 of the 136 with r <= 24: the worst
-  case of 2^-11 roundings in ``L^{-1} M L^{-T}``, ``th || |X||M||X|^T ||``, reaches ``||A_w||``).
+  case of 2^-10 roundings in ``L^{-1} M L^{-T}``, ``th || |X||M||X|^T ||``, reaches ``||A_w||``).
   The model on the same cases: float32 0.0021 / 0.059 / 0.44, never vacuous; tf32 0.36 / 5 /
   29, vacuous on 24%. bf16 inputs: the same to two digits (float32 0.0068 / 0.60 / 2.2);
 * measured / bound, never above 1: the float32 emulation of the kernel's algorithm against its
