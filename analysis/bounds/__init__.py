@@ -4,6 +4,7 @@
 of those solvers), ``contract`` (running bounds of a kernel that declares a precision contract),
 ``cholesky``, ``kaczmarz`` (Kaczmarz and KLA), ``kla_kernel``, ``gka_layer`` (the GKA layer's
 chunkwise kernels, per token), ``gka_layer_output`` (the same for the layer's output y),
+``gka_layer_grad`` (the backward's dq solve),
 ``reverse_backward`` (the reverse Chebyshev backward, GKA Algorithm 2), ``koopman`` (the SKA
 readout), and ``checks`` (a run held to its bounds at every iterate).
 """

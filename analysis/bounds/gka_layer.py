@@ -195,12 +195,16 @@ def pad_chunks(x: torch.Tensor, C: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, nc * C - T)).reshape(N, nc, C, D)
 
 
-def chunk_state_bound(left, K, G, bb, *, e_gate: float, gated: bool, u_op: float):
+def chunk_state_bound(
+    left, K, G, bb, *, e_gate: float, gated: bool, u_op: float, store: Optional[bool] = None
+):
     """The chunk-start states of ``states_kernel`` (module docstring, 1.): the key state S
     (``left = K``) or the value state U (``left = V``, ``(N, nc, C, Dv)``), ``sum_j coef_j l_j
     k_j^T`` over the earlier chunks. Returns ``(S, Sm, Uh)`` ``(N, nc, Dv, D)``: the exact state
     and the centre and half-width of the interval the kernel's stored one lies in, entrywise.
-    The products take ``left`` as it is (it must be representable in the operand precision)."""
+    The products take ``left`` as it is (it must be representable in the operand precision).
+    ``store``: the state stored in bf16 (None: with bf16 operands, as the forward stores it;
+    False: kept in float32 with bf16 operands, as the backward's ``chunk_states`` keeps it)."""
     N, nc, C, D = K.shape
     Dl = left.shape[-1]
     rnd = round_bf16 if u_op > 0 else (lambda t: t)
@@ -228,10 +232,16 @@ def chunk_state_bound(left, K, G, bb, *, e_gate: float, gated: bool, u_op: float
             * (carried * (cur_k.abs() + cur_d) + Lc.abs().transpose(-1, -2) @ (Vm.abs() + Vu))
         )
         cur_k = dec * cur_k + Lt_ @ Vm
-    if u_op > 0:  # the state stored in bf16: S_hat in [rd(Sk - delta), rd(Sk + delta)]
+    stored = (u_op > 0) if store is None else store
+    if stored:  # the state stored in bf16: S_hat in [rd(Sk - delta), rd(Sk + delta)]
         lo, hi = round_bf16(Sk - delta), round_bf16(Sk + delta)
         return S, (lo + hi) / 2, (hi - lo) / 2
     return S, Sk, delta
+
+
+def quad_u(Kt: torch.Tensor, Uh: torch.Tensor) -> torch.Tensor:
+    """``|k_j|^T Uh |k_j|`` for the rows k_j of Kt ``(..., C, D)``, Uh ``(..., D, D)``."""
+    return ((Kt.abs() @ Uh) * Kt.abs()).sum(-1)
 
 
 def layer_token_bound(
@@ -247,6 +257,8 @@ def layer_token_bound(
     tokens=None,
     out_dtype: Optional[torch.dtype] = torch.bfloat16,
     batch: int = 64,
+    rhs_error=None,
+    float32_states: bool = False,
 ) -> LayerTokenBound:
     """LTB (module docstring) for the tokens ``tokens`` (indices into T; None: all) of a layer run.
 
@@ -256,7 +268,15 @@ def layer_token_bound(
     kernel's, ``"bfloat16/operands"`` or ``"float32/ieee"``; out_dtype: the dtype x is returned in
     (its store is bounded; float32: exact). ``batch``: tokens per ``linear_bound`` call (memory:
     ``(r+1)^2 D`` float64 numbers a token). Raises ValueError where some H_t = 0 (the kernel
-    raises too)."""
+    raises too).
+
+    For the backward's second solve (``analysis.bounds.gka_layer_grad``, LTB-dq): q is then any
+    float64 right-hand side (the exact cotangent dx), ``rhs_error`` ``(N, n)`` a bound on the
+    distance of the kernel's right-hand side from it at the tokens (module docstring of
+    gka_layer_grad: it enters each step as ``w_i s dx_err``, in ``extra_plain``), and
+    ``float32_states=True`` the Triton backward's states: kept in float32 and rounded to bf16 as
+    operands (the products see the same values as the forward's stored state; eq. (5)'s
+    ``||S||_F^2`` sees the float32 one)."""
     if contract not in CONTRACTS:
         raise ValueError(
             f"contract must be one of {sorted(CONTRACTS)} (float32/tf32x3 has no operand model), "
@@ -291,6 +311,13 @@ def layer_token_bound(
             f"{contract} contract (the kernel's products take it unrounded)"
         )
     u_out = 0.0 if out_dtype in (None, torch.float32, torch.float64) else U_BF16
+    if rhs_error is not None:
+        rhs_error = torch.as_tensor(rhs_error, dtype=F64).detach().cpu()
+        if tuple(rhs_error.shape) != (N, tokens.numel()) or not bool((rhs_error >= 0).all()):
+            raise ValueError(
+                f"rhs_error must be non-negative of shape (N, n) = {(N, tokens.numel())}, got "
+                f"{tuple(rhs_error.shape)}"
+            )
     K, G, bb = chunked(k, g, beta, C)
 
     # 5. gates
@@ -305,6 +332,20 @@ def layer_token_bound(
     fE0 = torch.linalg.matrix_norm(E0) + torch.linalg.matrix_norm(Uh)  # ||S_hat - S||_F
     fSh = torch.linalg.matrix_norm(Sm) + torch.linalg.matrix_norm(Uh)  # >= ||S_hat||_F
     Shabs = Sm.abs() + Uh  # >= |S_hat| (not symmetric: the kernel multiplies by S_hat^T)
+    f32_states = float32_states and u_op > 0
+    if f32_states:
+        # the float32 state S32 in [Sk - dl, Sk + dl]; its bf16 operand rd(S32) in [Sm - Uh, Sm + Uh]
+        # (rounding is monotone: the same interval as the forward's stored state). Eq. (5) takes
+        # ||S32||_F^2: | ||S32||^2 - ||S||^2 | <= |<Sk - S, Sk + S>| + 2 <|Sk|, dl> + ||dl||^2
+        _, Sk, dl = chunk_state_bound(
+            K, K, G, bb, e_gate=e_gate, gated=gated, u_op=u_op, store=False
+        )
+        dS2 = (
+            ((Sk - S) * (Sk + S)).sum((-1, -2)).abs()
+            + 2 * (Sk.abs() * dl).sum((-1, -2))
+            + (dl * dl).sum((-1, -2))
+        )
+        fSh = torch.maximum(fSh, torch.linalg.matrix_norm(Sk) + torch.linalg.matrix_norm(dl))
 
     ubar = (1 + u_op) * (1 + U32) * (1 + e_m) - 1
     gD = gamma(D, U32)
@@ -356,13 +397,21 @@ def layer_token_bound(
             + ((1 + e_m) ** 2 * (1 + gamma(2 * D + 2 * C + 10, U32)) - 1)
             * torch.linalg.matrix_norm(Ba) ** 2
         )
-        f_lo = fro - zf
-        f_hi = fro + zf + dev2 / f_lo.clamp_min(1e-300)
-        dfro = torch.where(
-            f_lo > 0,
-            zf + dev2 / f_lo.clamp_min(1e-300) + U_FAST * f_hi,
-            torch.full_like(fro, math.inf),
-        )
+        if f32_states:
+            # |f^2 - fro^2| <= zeta^2 dS2 + 2 zeta sum_j m_j |k_j^T (S_hat - S) k_j| + dev2, and
+            # |f - fro| <= |f^2 - fro^2| / fro
+            kEk = ((Kt @ E0[:, c]) * Kt).sum(-1).abs() + quad_u(Kt, Uh[:, c])
+            spread = (zeta**2 * dS2[:, c] + 2 * zeta * (m * kEk).sum(-1) + dev2) / fro
+            f_lo, f_hi = fro - spread, fro + spread
+            dfro = torch.where(f_lo > 0, spread + U_FAST * f_hi, torch.full_like(fro, math.inf))
+        else:
+            f_lo = fro - zf
+            f_hi = fro + zf + dev2 / f_lo.clamp_min(1e-300)
+            dfro = torch.where(
+                f_lo > 0,
+                zf + dev2 / f_lo.clamp_min(1e-300) + U_FAST * f_hi,
+                torch.full_like(fro, math.inf),
+            )
         rho = dfro / fro
         ok = rho < 0.5
         rho_c = torch.where(ok, rho, torch.zeros_like(rho))
@@ -394,6 +443,22 @@ def layer_token_bound(
             ],
             -1,
         )
+        prel = float(((rho_c + theta_s) / (1 - rho_c)).max()) + dw_rel
+        no_rhs_bound = torch.zeros_like(fro, dtype=torch.bool)
+        if rhs_error is not None:
+            # the kernel's right-hand side within rhs_error of q: each step adds w_i s (rhs - q)
+            # (w_i <= W_MAX), x_0 adds s (rhs - q), and every rounding counted on ||q|| grows by
+            # the same factor; the residual norm linear_bound scales its constants' rounding with
+            # grows by ||rhs - q||, which the (64 u + 2 prel) term covers
+            nq = torch.linalg.vector_norm(q[:, tb], dim=-1)
+            er = rhs_error[:, sel]
+            rel = er / nq.clamp_min(1e-300)
+            no_rhs_bound = (nq == 0) & (er > 0)
+            rel = torch.where(no_rhs_bound, torch.zeros_like(rel), rel)
+            extra[..., 2] = extra[..., 2] * (1 + rel) + s_hi * rel * (
+                W_MAX * (1 + 64 * U32 + 2 * prel) + dw_abs
+            )
+            extra[..., 3] = extra[..., 3] * (1 + rel) + s_hi * rel * (1 + 4 * U32 + 2 * prel)
         run = linear_bound(
             "chebyshev",
             H,
@@ -405,7 +470,7 @@ def layer_token_bound(
             shift=lam,
             shift_error=a * dfro.where(ok, torch.zeros_like(dfro))
             + eta_shift * a * (fro + dfro.where(ok, torch.zeros_like(dfro))),
-            param_rel_error=float(((rho_c + theta_s) / (1 - rho_c)).max()) + dw_rel,
+            param_rel_error=prel,
             H_error=Herr,
             extra_plain=extra,
             H_error_range=(ubar * nB.sqrt(), 0.0),
@@ -416,7 +481,9 @@ def layer_token_bound(
         pre = E + U_FAST * (nx + E)
         total = pre + store_error_bound(xr, pre, u_out, out_dtype) if u_out > 0 else pre
         out["x"].append(xr)
-        out["bound"].append(torch.where(ok, total, torch.full_like(total, math.inf)))
+        out["bound"].append(
+            torch.where(ok & ~no_rhs_bound, total, torch.full_like(total, math.inf))
+        )
         out["fro"].append(fro)
         out["dfro"].append(dfro)
     back = torch.argsort(torch.cat(groups))  # the tokens' own order
