@@ -343,3 +343,64 @@ def test_dk_jacobians_are_the_implicit_backwards():
             (X2 if which == "x" else dQ2)[0, 0, t] += e
             diff = dk(X2, dQ2)[i] - dk(X, dQ)[i]
             assert float((diff - M[t - i] @ e).norm() / (M[t - i] @ e).norm()) < 1e-6
+
+
+def kernel_dq_default(x, *, a, iters, broken=None):
+    """dq of ``kernels.gka_layer``'s backward at its default chunk (the warp-group MMA forward
+    and dq solve where they apply)."""
+    qq = x["q"].detach().clone().requires_grad_(True)
+    y = kernels.gka_layer(qq, x["k"], x["v"], a=a, iters=iters)
+    with broken if broken is not None else contextlib.nullcontext():
+        (dq,) = torch.autograd.grad((y * x["dy"]).sum(), [qq])
+    return dq.detach().cpu().to(F64)
+
+
+@pytest.mark.gpu
+def test_gpu_ltb_dq_gka_setting_t2048():
+    """LTB-dq at GKA's setting on the GPU: one sequence of T = 2048 tokens, D = Dv = 128,
+    a = 0.02, r = 30, unit bf16 queries and keys, Gaussian values and cotangent, every 16th
+    token. ``kernels.gka_layer``'s backward at its default (the dq solve on the warp-group MMA
+    kernel on Hopper) and at chunk 32 (the Triton solve) within LTB-dq on every sampled token,
+    LTB-dq below ||dq_t|| on every one, and dq scaled by 0.9 beyond it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    a, r, T = 0.02, 30, 2048
+    q, k, v, dy = gka_inputs(T, 128, 6)
+    x = {"q": q.cuda(), "k": k.cuda(), "v": v.cuda(), "g": None, "beta": None, "dy": dy.cuda()}
+    tokens = torch.arange(0, T, 16)
+    wg = mod.solve_kernel_for(x["q"], None, None, "bfloat16/operands", x["v"]) == "wgmma"
+    qs = lambda t: [
+        round(float(v), 4)
+        for v in torch.quantile(t.flatten(), torch.tensor([0.1, 0.5, 0.9, 1.0], dtype=F64))
+    ]  # noqa: E731
+    runs = {
+        "default": (
+            lambda **kw: kernel_dq_default(x, a=a, iters=r, **kw),
+            dq_bound(
+                x,
+                a=a,
+                iters=r,
+                C=32,
+                contract="bfloat16/operands",
+                tokens=tokens,
+                dq_kernel="wgmma" if wg else "triton",
+            ),
+        ),
+        "triton_c32": (
+            lambda **kw: kernel_dq(x, a=a, iters=r, C=32, **kw),
+            dq_bound(x, a=a, iters=r, C=32, contract="bfloat16/operands", tokens=tokens),
+        ),
+    }
+    for name, (run, b) in runs.items():
+        print(
+            name,
+            "wgmma" if (wg and name == "default") else "triton",
+            "LTB-dq/||dq|| q10 q50 q90 max",
+            qs(b.relative),
+        )
+        assert bool((b.relative < 1.0).all())  # a check on every sampled token
+        m = ratio(run(), b)
+        print(name, "measured/LTB-dq q10 q50 q90 max", qs(m))
+        assert bool((m <= 1.0).all()), (name, float(m.max()))  # LTB-dq
+        m = ratio(run(broken=BROKEN["dq scaled by 0.9"]()), b)
+        assert bool((m > 1.0).any()), name
