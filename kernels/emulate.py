@@ -3,8 +3,8 @@
 Each function runs one algorithm with the roundings its :class:`solvers.contracts.Contract`
 declares, and nothing else: operands of every product rounded to ``contract.operands`` (bf16:
 ``x.to(bfloat16)`` before ``H x``, as GKA's chunked Chebyshev kernel and fla's MesaNet CG do;
-tf32 and tf32x3 by rounding the significand), sums and updates in ``contract.accumulate``, the
-intermediates named in ``contract.stored`` rounded to ``contract.storage`` when stored. The
+tf32 by truncating the significand, as Triton does on Hopper; tf32x3 by rounding it), sums and
+updates in ``contract.accumulate``, the intermediates named in ``contract.stored`` rounded to ``contract.storage`` when stored. The
 harness's own tests hold them to their contracts' bounds (tests/test_harness_matrix.py) and
 catch deliberately broken variants (``broken=``) under every contract.
 
@@ -95,6 +95,19 @@ def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(torch.isfinite(x), r.view(_F32), x)
 
 
+def truncate_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Cut float32 values to ``bits`` explicit significand bits, toward zero: what Triton's tf32
+    ``tl.dot`` does to float32 operands on Hopper (docs/validation.md, run 35;
+    tests/test_tf32_operand_rounding.py). ``0 <= bits <= 23``."""
+    x = check.floating("x", x, min_ndim=0, finite_values=False).to(_F32).contiguous()
+    bits = check.count("bits", bits)
+    if bits > 23:
+        raise ValueError(f"bits must be <= 23 (float32's significand), got {bits}")
+    mask = ~((1 << (23 - bits)) - 1)
+    cut = (x.view(torch.int32) & mask).view(_F32)
+    return torch.where(torch.isfinite(x), cut, x)
+
+
 class _Arith:
     """The roundings of one contract on float32 tensors."""
 
@@ -106,8 +119,10 @@ class _Arith:
         op = self.c.operands
         if op == "bf16":
             return x.to(torch.bfloat16).to(self.acc)
-        if op == "tf32":
-            return round_significand(x, 10).to(self.acc)
+        if (
+            op == "tf32"
+        ):  # as Triton's tf32 tl.dot on Hopper: truncated (the contract's u covers it)
+            return truncate_significand(x, 10).to(self.acc)
         if op == "tf32x3":  # hi + lo in tf32, the lo*lo product dropped: about 2^-22 relative
             hi = round_significand(x, 10)
             lo = round_significand(x.to(_F32) - hi, 10)

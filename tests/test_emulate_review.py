@@ -236,3 +236,21 @@ def test_ignored_or_empty_options_are_usage_errors(extra, option, capsys):
     assert f"argument {option}:" in err
     if option == "--out":
         assert "expected a file name" in err
+
+
+def test_truncate_significand_is_tritons_tf32_cut():
+    # tf32 operands as Triton's tl.dot takes them on Hopper (run 35): the low 13 bits dropped,
+    # toward zero; within one tf32 spacing (the contract's u = 2^-10) and beyond half of one
+    # (2^-11, round to nearest's) on part of the values, so the emulation is not round to nearest
+    from solvers.contracts import OPERAND_ROUNDOFF
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * torch.exp(4 * torch.randn(4096, generator=gen))
+    t = emulate.truncate_significand(x, 10)
+    assert torch.equal(t.view(torch.int32) & 0x1FFF, torch.zeros_like(t.view(torch.int32)))
+    assert bool((t.abs() <= x.abs()).all())  # toward zero
+    rel = ((t.double() - x.double()).abs() / x.double().abs()).max()
+    assert 2.0**-11 < float(rel) <= OPERAND_ROUNDOFF["tf32"]
+    assert torch.equal(emulate.truncate_significand(x, 23), x)
+    with pytest.raises(ValueError, match="bits"):
+        emulate.truncate_significand(x, 24)
