@@ -235,12 +235,13 @@ def _tightness(precision=torch.float32):
     measured / bound for the kernel's algorithm emulated with float32 and tf32 operands
     (``algorithm="inverse"``) and for ``solvers.koopman_readout`` in float32 (``"solves"``), each
     against the exact readout (float64 on the same statistics)."""
-    size = {"float32": [], "tf32": []}
+    size = {"float32": [], "tf32": [], "r": []}
     meas = {"float32": [], "tf32": [], "reference": []}
     for case in _drawn(precision):
         x = {k: v.to(precision).to(torch.float32) for k, v in case.inputs.items()}
         x64 = [v.to(F64) for v in x.values()]
         o = case.options
+        size["r"].append(x["G"].shape[-1])
         exact = ks.koopman_reference(*x64, **o)
         norm = exact.norm(dim=-1).amax(-1, keepdim=True)
         B_ref = ks.readout_bound(*x64, contract="float32", algorithm="solves", **o)
@@ -258,17 +259,19 @@ def _tightness(precision=torch.float32):
 @pytest.mark.parametrize("precision", [torch.float32, torch.bfloat16])
 def test_bound_is_conclusive_and_holds(precision):
     size, meas = _tightness(precision)
+    r = size.pop("r")
     q = {c: _quantiles(v) for c, v in (size | {"m_" + k: v for k, v in meas.items()}).items()}
     # a proof: no correct readout beyond it, and not 1e6 times below it everywhere
     for c in meas:
         assert q["m_" + c][2] < 1.0 and q["m_" + c][2] > 1e-3, q
     # float32: conclusive everywhere, a few percent of ||y|| on half the cases
     assert q["float32"][0] < 0.05 and q["float32"][2] < 1.0, q
-    # tf32: vacuous (INCONCLUSIVE runs, docs/harness.md) on about half of the cases: the
-    # worst case of 2^-10 operand roundings in X M X^T, th || |X||M||X|^T ||, reaches ||A_w||
-    # at r = 64; never on all of them
-    vacuous = sum(s >= 1.0 for s in size["tf32"]) / len(size["tf32"])
-    assert vacuous < 0.75, (vacuous, q)
+    # tf32: vacuous (INCONCLUSIVE runs, docs/harness.md) on about half of the cases (49% of 250
+    # drawn, 83% of these 36): the worst case of 2^-10 operand roundings in X M X^T,
+    # th || |X||M||X|^T ||, reaches ||A_w|| from r of about 13 (r = 64: 78 of 92 vacuous); at
+    # r <= 8 it is a check on most cases (5 of 73 vacuous over the 250)
+    small = [s for s, n in zip(size["tf32"], r) if n <= 8]
+    assert small and sum(s >= 1.0 for s in small) / len(small) < 0.5, (small, q)
 
 
 def _emulated_steps(x, bits, broken=None):

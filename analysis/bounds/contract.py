@@ -101,8 +101,8 @@ alpha_j mu_j - rho_j`` whatever errors alpha_j and beta_j carry and however orth
   like ``sum_j rho_j``, about sqrt(kappa) when convergence is slow, so a long run's floor can reach
   ``u kappa``: it is computed per case, not assumed. At D = 16, k = 30, log-uniform spectra and
   Gaussian q (median), bound / ``||x*||_A`` at kappa 16, 51, 100: bf16 operands 0.063, 0.21, 0.48;
-  bf16 storage 0.32, 1.4, 3.7 (the iterate's store dominates); tf32 0.008, 0.024, 0.052; float32
-  8e-5, 8e-4, 0.006 (formerly 2.0, 6.7, 17 for both bf16 contracts).
+  bf16 storage 0.32, 1.4, 3.7 (the iterate's store dominates); tf32 0.015, 0.048, 0.10
+  (u = 2^-10); float32 8e-5, 8e-4, 0.006 (formerly 2.0, 6.7, 17 for both bf16 contracts).
 
 Validation (correct CGs never exceed it): every step k <= 2D of ``kernels.emulate.cg`` under
 float32, tf32, bf16 operands and bf16 storage (bf16 and float32 inputs), ``solvers.cg`` (float32,

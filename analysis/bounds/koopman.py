@@ -69,15 +69,15 @@ How tight, against the exact readout (float64) on the same statistics (docs/harn
 
 * bound / ``||y||`` (kernel's bound plus reference's, ``||y||`` the system's largest query
   output), median / 90% / max: float32 0.0069 / 0.60 / 2.3, vacuous on 1% (r = 64 with M x 3,
-  where the bracket of the power estimate leaves c a few percent of play); tf32 0.47 / 14 /
-  189, vacuous on 40% (78 of the 92 cases with r = 64, 14 of the 136 with r <= 24: the worst
+  where the bracket of the power estimate leaves c a few percent of play); tf32 (u = 2^-10)
+  0.82 / 32 / 438, vacuous on 49% (5 of 73 cases with r <= 8, 78 of 92 with r = 64: the worst
   case of 2^-10 roundings in ``L^{-1} M L^{-T}``, ``th || |X||M||X|^T ||``, reaches ``||A_w||``).
-  The model on the same cases: float32 0.0021 / 0.059 / 0.44, never vacuous; tf32 0.36 / 5 /
-  29, vacuous on 24%. bf16 inputs: the same to two digits (float32 0.0068 / 0.60 / 2.2);
+  The model on the same cases: float32 0.0021 / 0.059 / 0.44, never vacuous; tf32 0.72 / 10 /
+  57, vacuous on 38%. bf16 inputs: the same to two digits (float32 0.0068 / 0.60 / 2.2);
 * measured / bound, never above 1: the float32 emulation of the kernel's algorithm against its
   ``"inverse"`` bound 1.1e-4 / 0.0088 / 0.15 (bf16 inputs 0.31 at most, an r = 1 case),
   ``solvers.koopman_readout`` in float32 against ``"solves"`` 1.7e-4 / 0.020 / 0.27, the tf32
-  emulation (operands rounded to nearest) 0.0040 / 0.077 / 0.26;
+  emulation (operands truncated, as Triton's tf32 dot does) 0.0057 / 0.23 / 0.53;
 * ``kernels.koopman_readout`` through Triton's interpreter, 50 cases, seed 0, float32: at most
   0.021 of this bound. On an H100 (Triton 3.6) it used at most 0.24 (float32) and 0.48 (tf32)
   of the model; it has not been run against this bound on a GPU. Hardware that truncates tf32
