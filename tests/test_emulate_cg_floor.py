@@ -101,11 +101,16 @@ def test_scaling_q_by_a_power_of_two_scales_x_exactly():
     )
 
 
-@pytest.mark.parametrize("contract", ["float32", "tf32", "bfloat16/operands", "bfloat16/storage"])
-def test_every_contract_freezes(contract):
+@pytest.mark.parametrize(
+    "contract, seed",
+    [("float32", 2), ("tf32", 3), ("bfloat16/operands", 2), ("bfloat16/storage", 2)],
+)
+def test_every_contract_freezes(contract, seed):
     """The freeze is every contract's, not bf16 operands' alone: D = 128, kappa 10, 256 steps, q
     as drawn, within each contract's cg_bound (measured 3e-7 .. 9e-3 against 6e-4 .. 0.18)."""
-    H, q = _system(128, 10.0, 2)
+    H, q = _system(128, 10.0, seed)
     assert _within_cg_bound(emulate.cg, H, q, 256, contract)
-    # the check can fail: unguarded, all four diverged here (1.9e2, 2.3e8, 4.3e2, 7.3e3)
+    # the check can fail: unguarded, each diverges on its system (seed 2: float32 1.9e2, bf16
+    # operands 4.3e2, bf16 storage 7.3e3; tf32, whose operands are truncated as Triton's are,
+    # stays within its bound at seed 2 and diverges at seed 3)
     assert not _within_cg_bound(_unguarded_cg, H, q, 256, contract)
