@@ -16,6 +16,7 @@ Contract shared by all kernels (docs/api.md, "kernels"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -62,6 +63,21 @@ def no_autograd(fn: str, instead: str, **tensors) -> None:
                 f"carry no gradient. {instead}; or pass {name}.detach() (or call it under "
                 "torch.no_grad()) to run it without one"
             )
+
+
+@contextlib.contextmanager
+def ieee_float32_matmuls():
+    """PyTorch's float32 matmuls in IEEE float32 for the block, whatever the caller set
+    (``torch.backends.cuda.matmul.allow_tf32`` or ``set_float32_matmul_precision("high")`` let
+    cuBLAS round their operands to tf32): a kernel whose float32 products are part of its
+    declared contract (the GKA backward's PyTorch GEMMs, bounded by LTB-dq with float32
+    products) must not inherit a coarser one."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def kernel_dtype(name: str, x: torch.Tensor) -> None:

@@ -402,7 +402,16 @@ def _cotangent_solve(p: _Prepared, dx2, H0, *, a, iters, contract, kernel):
 
 
 def backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract, dq_kernel="triton"):
-    """dq, dk, dv, dg, dbeta as flat padded ``(N, Tp, .)`` float32 tensors (module docstring)."""
+    """dq, dk, dv, dg, dbeta as flat padded ``(N, Tp, .)`` float32 tensors (module docstring).
+    Its PyTorch float32 products run in IEEE float32 whatever the caller's TF32 setting
+    (``launch.ieee_float32_matmuls``): the contract, and LTB-dq, have them in float32."""
+    with launch.ieee_float32_matmuls():
+        return _backward_chunks(
+            p, x2, fro2, dx2, dy2, a=a, iters=iters, contract=contract, dq_kernel=dq_kernel
+        )
+
+
+def _backward_chunks(p: _Prepared, x2, fro2, dx2, dy2, *, a, iters, contract, dq_kernel):
     prec = CONTRACTS[contract]
     layer = dy2 is not None
     H0, U0 = chunk_states(p, torch.float32, prec, with_u=layer)

@@ -404,3 +404,27 @@ def test_gpu_ltb_dq_gka_setting_t2048():
         assert bool((m <= 1.0).all()), (name, float(m.max()))  # LTB-dq
         m = ratio(run(broken=BROKEN["dq scaled by 0.9"]()), b)
         assert bool((m > 1.0).any()), name
+
+
+def test_backward_products_are_ieee_whatever_the_callers_tf32_setting(monkeypatch):
+    """LTB-dq has the backward's PyTorch float32 products in float32; a caller's
+    ``set_float32_matmul_precision("high")`` (TF32 in cuBLAS: operands rounded to tf32, beyond
+    the bound by up to 3x on the cotangent) must not reach them. The backward runs them under
+    "highest" and gives the caller's setting back."""
+    seen = []
+    original = mod.transposed_state_products
+
+    def recording(*args):
+        seen.append(torch.get_float32_matmul_precision())
+        return original(*args)
+
+    monkeypatch.setattr(mod, "transposed_state_products", recording)
+    x = make_case(3, T=20, D=8, Dv=4)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        kernel_dq(x, a=0.05, iters=4, C=16)
+        assert torch.get_float32_matmul_precision() == "high"  # given back
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen == ["highest"], seen

@@ -33,7 +33,7 @@ import solvers
 import svt_pytest
 from analysis.testing import harness
 from analysis.testing import koopman_strategy as ks
-from kernels.emulate import round_significand
+from kernels.emulate import round_significand, truncate_significand
 
 SEED = 0
 svt_pytest.register_profiles()  # idempotent; the plugin has done it under pytest
@@ -50,6 +50,12 @@ BROKEN = (
 )
 
 
+def _cut(x, bits):
+    """An operand as the kernel's products take it: tf32 (10 bits) truncated, as Triton's tf32 dot
+    does on Hopper (docs/validation.md, run 35); other widths rounded to nearest."""
+    return truncate_significand(x, bits) if bits == 10 else round_significand(x, bits)
+
+
 def emulated_readout(G, M, Cv, zq, *, scale, K, eta, gamma, operand_bits=23, broken=None):
     """``kernels.koopman_readout``'s algorithm in plain torch, float32 (kernels/koopman.py):
     ``G~ = L L^T``, ``X = L^{-1}`` by substitution on I, ``A_w = X M X^T``, 6 power steps,
@@ -64,7 +70,7 @@ def emulated_readout(G, M, Cv, zq, *, scale, K, eta, gamma, operand_bits=23, bro
         raise ValueError(f"broken must be None or one of {BROKEN}, got {broken!r}")
 
     def mm(a, b):
-        return round_significand(a, operand_bits) @ round_significand(b, operand_bits)
+        return _cut(a, operand_bits) @ _cut(b, operand_bits)
 
     G, M, Cv, zq = (x.to(torch.float32) for x in (G, M, Cv, zq))
     batch, r = G.shape[:-2], G.shape[-1]
@@ -283,7 +289,7 @@ def _emulated_steps(x, bits, broken=None):
     X = torch.linalg.solve_triangular(L, torch.eye(G.shape[-1]).expand_as(G), upper=False)
 
     def mm(a, b):
-        return round_significand(a, bits) @ round_significand(b, bits)
+        return _cut(a, bits) @ _cut(b, bits)
 
     A_w = mm(mm(X, M), X.mT)
     return L.to(F64), X.to(F64), A_w.to(F64), solvers.power_sigma_max(A_w).to(F64)

@@ -439,7 +439,9 @@ def linear_bound(
             )
             # accumulation of H z (and H's rounding): || |H| |z_hat| || <= || |H| |z| || + || |H| || ||z_hat - z||
             hz = torch.linalg.vector_norm(mv(H.abs(), zs[k].abs()), dim=-1) + absH * zerr
-            plain = ci * (mv_err + u_op_H) * (hz * (1 + u_op_z) + absH * u_op_z * zn)
+            # (1 + gamma_D)(1 + u_op_H) - 1: the accumulation's and H's rounding, their product kept
+            mv_h = (1 + mv_err) * (1 + u_op_H) - 1
+            plain = ci * mv_h * (hz * (1 + u_op_z) + absH * u_op_z * zn)
         else:
             gn = (
                 torch.linalg.vector_norm(gs[k], dim=-1)

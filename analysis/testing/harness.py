@@ -732,7 +732,9 @@ def _backward_scales(case, rounded, contract):
       steps' (49) and the adjoint's (46) local errors, each through its exact response on H's
       eigenvalues (the reversal's growth ``(omega_i - 1)^(-1/2)`` per step included), to dq and
       dH (eq. (48)). It replaces the former a-priori allowance (``allowances`` times
-      ``reverse_growth * 2 * adjoint_sum``), which was a house model, not a bound; where the
+      ``reverse_growth * 2 * adjoint_sum``), which was a house model, not a bound (the new one
+      is rigorous but for the float32 constants and weights, first order with a margin of 2, as in
+      ``contract.linear_bound``); where the
       reversal's growth makes it vacuous (dH in bf16 beyond a few steps) the case is vacuous
       and the verdict INCONCLUSIVE.
     """
