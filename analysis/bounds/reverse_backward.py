@@ -29,7 +29,8 @@ and bounds how far a kernel honouring a precision contract can be from it, as
   m+1, run down by (49)) has per eigenvalue two roots of modulus ``(w_i - 1)^(-1/2)`` per step:
   this is where the reversal amplifies (GKA Remark 2; up to ``1/|1 - w|`` in one step). The
   reversal's own local errors eps_j (matvec accumulation, operand rounding of ``xi_{i-1}``,
-  elementwise operations, the division by ``fl(1 - w_hat_i)``, the weights' errors, the store
+  elementwise operations, the division by ``fl(1 - w_hat_i)``, charged 6u in float32 arithmetic
+  since a GPU's ``/`` is within 2 ulps, not correctly rounded; the weights' errors, the store
   of the rebuilt iterate) enter slot j and propagate by ``Rv``.
 * **Adjoint.** Local errors phi_m of the adjoint steps (the same channels) propagate by the
   exact adjoint response ``Lr_{i,m}(H)`` (a unit at slot m, zero at m+1, run down by (46)).
@@ -173,6 +174,10 @@ def _flat(H, q, g, Lt, mt, iters, method, contract, value_u):
     N, D = q.shape
     r = iters
     u = contract.u_acc
+    # a division in float32 arithmetic: Triton's ``/`` on a GPU is div.full.f32, within 2 ulps,
+    # not correctly rounded; charged 6u as analysis.bounds.gka_layer.U_FAST (under the
+    # interpreter and in the references it is IEEE, which this covers too)
+    u_div = 6 * u if contract.accumulate == torch.float32 else u
     u_st = contract.u_store
     stored = contract.stores("iterate")
     u_op = contract.u_operand(u_st if stored else u)  # an fp32 (or stored bf16) vector operand
@@ -197,7 +202,7 @@ def _flat(H, q, g, Lt, mt, iters, method, contract, value_u):
         dWr = dW.clone()
         for i in range(r, 1, -1):
             deriv = 4.0 / (rho2 * W[i] ** 2)
-            local = 2 * (10 * u * W[i - 1] + 4.0 / rho2 * u / W[i])
+            local = 2 * (10 * u * W[i - 1] + 4.0 / rho2 * u_div / W[i])
             dWr[i - 1] = 2 * deriv * dWr[i] + local
         dWrev = dWr
         dCrev = dWr * s + 2 * 5 * u * C.abs()
@@ -373,7 +378,7 @@ def _flat(H, q, g, Lt, mt, iters, method, contract, value_u):
         zj = nx[j] + carried
         eps = num / den + zj * (dWrev[i] + u * ((wi - 1.0).abs() + dWrev[i])) / den
         prior = reb_acc(j, eps)
-        eps = eps + u / (1 - u) * (nx[j] + prior)  # the division's rounding
+        eps = eps + u_div / (1 - u_div) * (nx[j] + prior)  # the division's rounding
         pre = reb_acc(j, eps)
         eps = eps + _store(X[j], pre, contract, stored)
         eps = torch.where(torch.isnan(eps), inf, eps)
