@@ -78,13 +78,20 @@ def _system(H, q, L=None, mu=None, *, bounds=True):
     return L64, mu64
 
 
+def _float32_and_bits(x, bits):
+    """x as a contiguous float32 tensor and ``0 <= bits <= 23`` checked: a float32 has 23
+    significand bits; beyond, the shifts of the callers are negative (a bare torch error)."""
+    x = check.floating("x", x, min_ndim=0, finite_values=False).to(_F32).contiguous()
+    bits = check.count("bits", bits)
+    if bits > 23:
+        raise ValueError(f"bits must be <= 23 (float32's significand), got {bits}")
+    return x, bits
+
+
 def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Round float32 values to ``bits`` explicit significand bits (round to nearest even): tf32
     keeps 10, bf16 7; ``0 <= bits <= 23`` (23: float32 itself)."""
-    x = check.floating("x", x, min_ndim=0, finite_values=False).to(_F32).contiguous()
-    bits = check.count("bits", bits)
-    if bits > 23:  # a float32 has 23; beyond, the shift below is negative (a bare torch error)
-        raise ValueError(f"bits must be <= 23 (float32's significand), got {bits}")
+    x, bits = _float32_and_bits(x, bits)
     drop = 23 - bits
     if drop == 0:
         return x.clone()
@@ -99,10 +106,7 @@ def truncate_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     """Cut float32 values to ``bits`` explicit significand bits, toward zero: what Triton's tf32
     ``tl.dot`` does to float32 operands on Hopper (docs/validation.md, run 35;
     tests/test_tf32_operand_rounding.py). ``0 <= bits <= 23``."""
-    x = check.floating("x", x, min_ndim=0, finite_values=False).to(_F32).contiguous()
-    bits = check.count("bits", bits)
-    if bits > 23:
-        raise ValueError(f"bits must be <= 23 (float32's significand), got {bits}")
+    x, bits = _float32_and_bits(x, bits)
     mask = ~((1 << (23 - bits)) - 1)
     cut = (x.view(torch.int32) & mask).view(_F32)
     return torch.where(torch.isfinite(x), cut, x)

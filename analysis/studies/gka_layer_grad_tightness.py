@@ -25,9 +25,9 @@ import torch
 
 from analysis.argtypes import HelpFormatter, OneLineParser, positive_int
 from analysis.bounds.gka_layer_grad import layer_dq_bound
+from analysis.studies.gka_layer_tightness import QUANTILES, quantile_line
 
 F64 = torch.float64
-QUANTILES = (0.1, 0.5, 0.9, 1.0)
 
 
 def gka_inputs(T: int, D: int, seed: int):
@@ -145,11 +145,6 @@ def dv_dk_worst_case(q, k, v, dy, *, a: float, iters: int, C: int = 32, every: i
     return torch.tensor(wv, dtype=F64), torch.tensor(wk, dtype=F64), cos
 
 
-def _quantiles(x: torch.Tensor) -> str:
-    qs = torch.quantile(x.flatten().double(), torch.tensor(QUANTILES, dtype=F64))
-    return " ".join(f"{float(v):.4f}" for v in qs)
-
-
 def _measured(dq, b) -> torch.Tensor:
     return torch.linalg.vector_norm(dq.to(F64)[:, b.tokens] - b.dq, dim=-1) / b.bound
 
@@ -176,26 +171,28 @@ def main(argv=None) -> int:
             b = layer_dq_bound(k, v, dy, dq_kernel=path, **kw)
             rel = b.relative
             below = float((rel < 1).double().mean())
-            print(f"T={T:5d} C={C:<3d} LTB-dq/||dq||  {_quantiles(rel)}  below ||dq||: {below:.3f}")
-            print(f"        dx error bound/||dx||  {_quantiles(b.dx_error / b.dx.norm(dim=-1))}")
+            print(
+                f"T={T:5d} C={C:<3d} LTB-dq/||dq||  {quantile_line(rel)}  below ||dq||: {below:.3f}"
+            )
+            print(f"        dx error bound/||dx||  {quantile_line(b.dx_error / b.dx.norm(dim=-1))}")
             if path == "wgmma":
                 m = _measured(emulate_dq(k, v, dy, a=a, iters=r), b)
                 print(
-                    f"        warp-group MMA arithmetic (emulated): measured/LTB-dq  {_quantiles(m)}"
+                    f"        warp-group MMA arithmetic (emulated): measured/LTB-dq  {quantile_line(m)}"
                 )
             elif args.kernel:
                 m = _measured(kernel_dq(q, k, v, dy, a=a, iters=r), b)
                 print(
-                    f"        Triton kernel (kernels.gka_layer): measured/LTB-dq  {_quantiles(m)}"
+                    f"        Triton kernel (kernels.gka_layer): measured/LTB-dq  {quantile_line(m)}"
                 )
         if args.dv:
             wv, wk, cos = dv_dk_worst_case(q, k, v, dy, a=a, iters=r, every=args.every)
             for name, w in (("dv", wv), ("dk", wk)):
                 below = float((w < 1).double().mean())
                 print(
-                    f"T={T:5d} {name}: worst case/||{name}_i|| >= {_quantiles(w)}  below: {below:.3f}"
+                    f"T={T:5d} {name}: worst case/||{name}_i|| >= {quantile_line(w)}  below: {below:.3f}"
                 )
-            print(f"        |x_t . k_i| / ||x_t||, i <= t  {_quantiles(cos)}")
+            print(f"        |x_t . k_i| / ||x_t||, i <= t  {quantile_line(cos)}")
     return 0
 
 

@@ -87,10 +87,10 @@ def fwd_relative(q, k, tokens, *, a: float, iters: int, C: int) -> torch.Tensor:
     return (bound / torch.linalg.vector_norm(xr, dim=-1))[0]
 
 
-def _q(t: torch.Tensor) -> str:
-    return " ".join(
-        f"{float(v):.4f}" for v in torch.quantile(t.flatten(), torch.tensor(QUANTILES, dtype=F64))
-    )
+def quantile_line(t: torch.Tensor) -> str:
+    """The QUANTILES of ``t``'s entries, four decimals each: one row of the studies' tables."""
+    qs = torch.quantile(t.flatten().to(F64), torch.tensor(QUANTILES, dtype=F64))
+    return " ".join(f"{float(v):.4f}" for v in qs)
 
 
 def main(argv=None) -> int:
@@ -119,22 +119,26 @@ def main(argv=None) -> int:
             )
             rel = b.relative[0]
             print(
-                f"T={T:5d} C={C}  LTB/||x||  {_q(rel)}  below ||x||: {float((rel < 1).double().mean()):.3f}"
+                f"T={T:5d} C={C}  LTB/||x||  {quantile_line(rel)}  below ||x||: {float((rel < 1).double().mean()):.3f}"
             )
             if C == 64:
                 x = emulate_x(q, k, a=a, iters=r)
                 m = torch.linalg.vector_norm(x[:, tokens] - b.x, dim=-1) / b.bound
-                print(f"        warp-group MMA arithmetic (emulated): measured/LTB  {_q(m)}")
+                print(
+                    f"        warp-group MMA arithmetic (emulated): measured/LTB  {quantile_line(m)}"
+                )
             elif args.kernel:
                 import kernels
 
                 dev = "cuda" if torch.cuda.is_available() else "cpu"
                 x = kernels.gka_solve(q.to(dev), k.to(dev), a=a, iters=r, chunk_size=C)
                 m = torch.linalg.vector_norm(x.cpu().to(F64)[:, tokens] - b.x, dim=-1) / b.bound
-                print(f"        Triton kernel (kernels.gka_solve): measured/LTB  {_q(m)}")
+                print(
+                    f"        Triton kernel (kernels.gka_solve): measured/LTB  {quantile_line(m)}"
+                )
         f = fwd_relative(q, k, tokens, a=a, iters=r, C=64)
         print(
-            f"T={T:5d} C=64  FWD/||x||  {_q(f)}  below ||x||: {float((f < 1).double().mean()):.3f}"
+            f"T={T:5d} C=64  FWD/||x||  {quantile_line(f)}  below ||x||: {float((f < 1).double().mean()):.3f}"
         )
         if args.y:
             y_rows(q, k, gaussian_values(T, D, args.seed), tokens, a=a, iters=r, kernel=args.kernel)
@@ -159,10 +163,10 @@ def y_rows(q, k, v, tokens, *, a: float, iters: int, kernel: bool) -> None:
         )
     rel = bounds[64].relative[0]
     below = float((rel < 1).double().mean())
-    print(f"T={T:5d} C=64  LTB-y/||y||  {_q(rel)}  below ||y||: {below:.3f}")
+    print(f"T={T:5d} C=64  LTB-y/||y||  {quantile_line(rel)}  below ||y||: {below:.3f}")
     y, _ = emulate_layer(q, k, v, a=a, iters=iters)
     print(
-        f"        warp-group MMA arithmetic (emulated): measured/LTB-y  {_q(_y_ratio(y, bounds[64]))}"
+        f"        warp-group MMA arithmetic (emulated): measured/LTB-y  {quantile_line(_y_ratio(y, bounds[64]))}"
     )
     if not kernel:
         return
@@ -173,7 +177,7 @@ def y_rows(q, k, v, tokens, *, a: float, iters: int, kernel: bool) -> None:
     qd, kd, vd = q.to(dev), k.to(dev), v.to(dev)
     y = kernels.gka_layer(qd, kd, vd, a=a, iters=iters, chunk_size=32)
     print(
-        f"        Triton kernel (kernels.gka_layer, C=32): measured/LTB-y  {_q(_y_ratio(y, bounds[32]))}"
+        f"        Triton kernel (kernels.gka_layer, C=32): measured/LTB-y  {quantile_line(_y_ratio(y, bounds[32]))}"
     )
     if dev == "cuda":  # the default path: the warp-group MMA kernel where it applies
         which = layer.solve_kernel_for(qd, None, None, "bfloat16/operands", vd)
@@ -187,7 +191,7 @@ def y_rows(q, k, v, tokens, *, a: float, iters: int, kernel: bool) -> None:
         )
         y = kernels.gka_layer(qd, kd, vd, a=a, iters=iters)
         print(
-            f"        {which} kernel (kernels.gka_layer, C={C}): measured/LTB-y  {_q(_y_ratio(y, b))}"
+            f"        {which} kernel (kernels.gka_layer, C={C}): measured/LTB-y  {quantile_line(_y_ratio(y, b))}"
         )
 
 
