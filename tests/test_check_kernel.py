@@ -199,6 +199,7 @@ def test_file_path_spec(user_dir, tmp_path, capsys, monkeypatch):
             ["user_kernels_ck:cheb", "--like", "cg", "--kla-form", "tokenwise"],
             "argument --kla-form",
         ),
+        (["user_kernels_ck:cheb", "--like", "cg", "--trajectory"], "argument --trajectory"),
     ],
 )
 def test_usage_errors_exit_2_naming_the_argument(user_dir, capsys, argv, argument):
@@ -367,3 +368,14 @@ def test_kla_form_reaches_the_strategy():
     assert check_kernel.strategy_sizes("kla", args) == {"form": "either"}
     args.kla_form = None
     assert check_kernel.strategy_sizes("kla", args) == {}
+
+
+def test_trajectory_mode_is_recorded_and_catches_the_broken_kernel(user_dir, capsys, tmp_path):
+    """``--trajectory`` reaches the harness (the report's settings say so); the correct kernel
+    still PASSes and the half-iteration one FAILs."""
+    out = str(tmp_path / "t.json")
+    code, _, _ = _check("cheb", out, capsys, "--trajectory")
+    rep = json.loads(pathlib.Path(out).read_text())
+    assert code == 0 and rep["settings"]["trajectory"] is True
+    code, _, _ = _check("half", out, capsys, "--trajectory")
+    assert code == 1

@@ -128,7 +128,7 @@ from typing import Optional
 import torch
 
 from analysis.precision import gamma
-from solvers import Arith
+from solvers import Arith, unit_roundoff
 from solvers import validation as _v
 from solvers.contracts import OPERAND_ROUNDOFF, Contract, of_reference, parse
 
@@ -142,10 +142,16 @@ class LinearRun:
     """The exact trajectory and the running bound of one contract, per system.
 
     x: ``(r+1, *batch, D)`` float64 exact iterates; bound: ``(r+1, *batch)`` absolute bound on
-    ``||x_hat_i - x_i||_2`` for a kernel honouring the contract."""
+    ``||x_hat_i - x_i||_2`` for a kernel honouring the contract; departed (with an observed
+    trajectory only, else None): ``(r+1, *batch)`` ``||x_obs_i - x_i|| / (bound_i + R(x_obs_i))``,
+    R the rounding of the observed value to its own dtype where that is coarser than the format
+    the kernel keeps x_i in (else 0): above 1 at a step where the observed trajectory left the
+    bound (:func:`linear_bound`, ``observed``). At step r it is a check of the result against
+    the exact run with no reference's bound added."""
 
     x: torch.Tensor
     bound: torch.Tensor
+    departed: Optional[torch.Tensor] = None
 
     @property
     def relative(self) -> torch.Tensor:
@@ -244,6 +250,7 @@ def linear_bound(
     H_error=None,
     extra_plain=None,
     H_error_range=None,
+    observed=None,
 ) -> LinearRun:
     """The exact trajectory of ``method`` on ``(H + shift I) x = q`` and the running bound of a
     kernel honouring ``contract`` (module docstring).
@@ -277,6 +284,20 @@ def linear_bound(
     ``K^T M K <= H``). It has a channel of its own, ``range``: ``m = c_j sqrt(lam - lambda + nu)``,
     so it is not amplified on H's small eigenvalues as a plain error is; its norm
     ``sqrt(||H||_2 + nu) h ||z_hat||`` joins the residual bound as ``H_error`` does.
+
+    ``observed`` ``(r+1, *batch, D)`` (None: the kernel's trajectory is unknown): the kernel's
+    own iterates, ``observed[i]`` its output after i steps, in the dtype it returned (the harness
+    obtains them by running a deterministic kernel with ``iters = 0, 1, ..., r``: Chebyshev's,
+    GD's and AGD's i-th iterate does not depend on r). Where the contract stores the iterate,
+    each store is then bounded *at the kernel's value* as well, and the smaller bound is used:
+    a value y rounded to nearest, in the storage format or after it in any other, lands in y's
+    binade or on its upper end, so ``|fl(y) - y| <= u 2^floor(log2 |x_obs|)`` component by
+    component (:func:`half_spacings`), with no drift term (on GKA's ridge systems the drift
+    costs 0.9 points of ||x||, ``analysis.studies.contract_tightness``). That holds only if
+    ``observed`` is the trajectory the bound describes, which is checked, not assumed:
+    ``LinearRun.departed`` is each step's ``||x_obs_i - x_i||`` over its bound; a ratio above 1
+    means the kernel left its contract at step i (or its i-step run is not the prefix of its
+    r-step run) and the final bound is void for that system.
     """
     if method not in LINEAR_METHODS:
         raise ValueError(f"method must be one of {LINEAR_METHODS}, got {method!r}")
@@ -329,6 +350,8 @@ def linear_bound(
     H = H.expand(*batch, *H.shape[-2:])
     q = q.expand(*batch, q.shape[-1])
     D = H.shape[-1]
+    if observed is not None:
+        observed = _observed(observed, (iters + 1, *batch, D))
     shift = (
         torch.zeros(batch, dtype=_F64)
         if shift is None
@@ -418,9 +441,19 @@ def linear_bound(
     if extra_plain is not None:
         eta["plain"][0] += extra_plain[3] * nq
     pre = SAFETY * accumulated(0)
-    eta["plain"][0] += store_error_bound(
-        X[0], pre if store_drift else 0 * pre, u_st, contract.storage
-    )
+    at_kernel = None
+    if observed is not None and contract.stores("iterate"):
+        # half a spacing at the kernel's own stored values; a NaN or inf bounds nothing
+        at_kernel = torch.linalg.vector_norm(
+            half_spacings(observed.to(_F64), u_st, contract.storage), dim=-1
+        )
+        at_kernel = torch.nan_to_num(at_kernel, nan=math.inf)
+
+    def stored(i, pre):
+        b = store_error_bound(X[i], pre if store_drift else 0 * pre, u_st, contract.storage)
+        return b if at_kernel is None else torch.minimum(b, at_kernel[i])
+
+    eta["plain"][0] += stored(0, pre)
     E[0] = SAFETY * accumulated(0)
     for i in range(1, r + 1):
         k = i - 1
@@ -470,11 +503,61 @@ def linear_bound(
             eta["zstore"][i] = u_st * zn
         pre = SAFETY * accumulated(i)
         if contract.stores("iterate"):
-            eta["plain"][i] += store_error_bound(
-                X[i], pre if store_drift else 0 * pre, u_st, contract.storage
-            )
+            eta["plain"][i] += stored(i, pre)
         E[i] = SAFETY * accumulated(i)
-    return LinearRun(X, E)
+    if observed is None:
+        return LinearRun(X, E)
+    held = u_st if contract.stores("iterate") else u_acc  # the format the kernel keeps x_i in
+    return LinearRun(X, E, _departures(observed, X, E, held))
+
+
+def _observed(observed, shape) -> torch.Tensor:
+    """The kernel's iterates as returned (NaN and inf allowed: they are findings, not usage errors)."""
+    if not isinstance(observed, torch.Tensor) or not observed.is_floating_point():
+        raise TypeError(
+            f"observed must be a floating tensor of the kernel's iterates, got "
+            f"{type(observed).__name__ if not isinstance(observed, torch.Tensor) else observed.dtype}"
+        )
+    if tuple(observed.shape) != tuple(shape):
+        raise ValueError(
+            f"observed must have shape (iters + 1, *batch, D) = {tuple(shape)}, got "
+            f"{tuple(observed.shape)}"
+        )
+    return observed.detach().cpu()
+
+
+def _departures(
+    observed: torch.Tensor, X: torch.Tensor, E: torch.Tensor, held_u: float
+) -> torch.Tensor:
+    """Per step and system, ``||x_obs_i - x_i||`` over ``E_i`` (which ends with the store of x_i
+    where the contract stores it), plus the rounding of the observed value to its own dtype where
+    that is coarser than the format the kernel keeps the iterate in (unit roundoff ``held_u``);
+    inf where the observed value is not finite, 0 where both sides are 0."""
+    obs = observed.to(_F64)
+    dev = torch.linalg.vector_norm(obs - X, dim=-1)
+    tiny = torch.finfo(observed.dtype).tiny
+    allowed = E
+    if unit_roundoff(observed.dtype) > held_u:
+        allowed = E + torch.linalg.vector_norm(
+            half_spacings(obs, unit_roundoff(observed.dtype), observed.dtype), dim=-1
+        )
+    ratio = torch.where(dev == 0, torch.zeros_like(dev), dev / allowed.clamp_min(tiny))
+    return torch.nan_to_num(ratio, nan=math.inf)
+
+
+def half_spacings(y: torch.Tensor, u: float, dtype: torch.dtype) -> torch.Tensor:
+    """Half a spacing of the format of unit roundoff u (range of ``dtype``) at each entry of y,
+    ``u 2^floor(log2 |y_i|)`` (``u 2^e_min`` at zero and below the normal range): a bound on
+    ``|v - y_i|`` for any v that rounds to nearest to y_i, and on ``|fl(v) - v|`` for any v that
+    rounds to y_i (in that format or a coarser one): fl maps v's binade ``[2^e, 2^(e+1))`` into
+    ``[2^e, 2^(e+1)]``, so v's half spacing is at most y_i's. At most ``u |y_i|`` for a normal
+    entry (Higham eq. (2.4)). Non-finite entries give inf."""
+    a = y.to(_F64).abs()
+    tiny = torch.finfo(dtype).tiny
+    h = u * torch.exp2(
+        binade(torch.nan_to_num(a, nan=math.inf, posinf=math.inf).clamp(tiny, 1e300))
+    )
+    return torch.where(torch.isfinite(a), h, torch.full_like(h, math.inf))
 
 
 def binade(y: torch.Tensor) -> torch.Tensor:
@@ -735,6 +818,7 @@ __all__ = [
     "cg_bound",
     "fro_error",
     "gamma",
+    "half_spacings",
     "linear_bound",
     "propagated_norm_bound",
     "store_error_bound",

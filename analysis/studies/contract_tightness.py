@@ -20,7 +20,9 @@ rounding model attain (every store off by a full half spacing, any sign: the roo
 bound under that model has left): :func:`adversarial_storage_run` signs them along the bottom
 eigenvector, :func:`strongest_storage_run` searches the signs (alternating maximisation); and
 what the store errors would cost combined componentwise in A's eigenbasis instead of by norms
-(:func:`eigenbasis_store_bound`). For ``bfloat16/operands`` it prints the same search over
+(:func:`eigenbasis_store_bound`); and the bound in trajectory mode, each store bounded at the
+emulation's own iterate (its i-step runs, ``linear_bound(..., observed=)``), with the largest
+deviation/bound of any step. For ``bfloat16/operands`` it prints the same search over
 operand roundings (:func:`strongest_operand_run`). Last, for a power-of-two D, the same
 for :func:`binade_ridge_system`, a ridge system of GKA's form built for the stores' worst case.
 """
@@ -102,10 +104,45 @@ def tightness(
                 "chebyshev", H, q, iters=iters, contract=contract, store_drift=False, **bound_kw
             ).relative
         )
+        # trajectory mode: the emulation's own iterates (its i-step runs), stores bounded there
+        obs = torch.stack(
+            [fn(H.float(), q.float(), iters=i, contract=contract, **call_kw) for i in range(iters)]
+            + [x.float()]
+        )
+        seen = linear_bound(
+            "chebyshev", H, q, iters=iters, contract=contract, observed=obs, **bound_kw
+        )
+        out["observed_over_x"] = q_(seen.relative)
+        out["observed_measured_over_bound"] = q_((x - seen.x[-1]).norm(dim=-1) / seen.bound[-1])
+        out["observed_departure"] = q_(seen.departed.amax(0))
+        # the step-r check of trajectory mode: the kernel's run against the exact one, with the
+        # ridge form's own ||H||_F error (harness._ridge_scales) and nothing of the reference's
+        held = seen
+        if family == "gka_ridge":
+            from analysis.bounds.contract import fro_error
+
+            rel = fro_error(H.shape[-1], contract)
+            held = linear_bound(
+                "chebyshev",
+                H,
+                q,
+                iters=iters,
+                contract=contract,
+                observed=obs,
+                shift_error=bound_kw["shift"] * rel,
+                param_rel_error=rel,
+                **bound_kw,
+            )
+        out["observed_held_over_x"] = q_(held.relative)
+        out["observed_applied_over_x"] = q_(
+            _applied(family, H, q, iters, seed, contract, x, observed=obs) / seen.x[-1].norm(dim=-1)
+        )
     return out
 
 
-def _applied(family: str, H, q, iters: int, seed: int, contract: str, x) -> torch.Tensor:
+def _applied(
+    family: str, H, q, iters: int, seed: int, contract: str, x, observed=None
+) -> torch.Tensor:
     """The bound the harness applies to a kernel returning x in bf16 (per system): the
     strategy's scales (the contract's running bound, with ``||H||_F``'s own rounding for the
     ridge form, plus the float32 reference's) and the rounding of the bf16 output where the
@@ -120,7 +157,8 @@ def _applied(family: str, H, q, iters: int, seed: int, contract: str, x) -> torc
     else:
         case = harness.spd_case(D, (n,), 51.0, iters=iters, seed=seed)
         scales, strategy = harness._solve_scales, harness.spd
-    bound = scales(case, {"H": H, "q": q}, parse(contract))[0]
+    extra = {} if observed is None else {"observed": observed}
+    bound = scales(case, {"H": H, "q": q}, parse(contract), **extra)[0]
     stored = strategy(max_d=D).stored_outputs(parse(contract))[0]
     if harness._rounded_in_bound(stored, torch.bfloat16):
         return bound
@@ -445,6 +483,25 @@ def main(argv=None) -> int:
                 d = t["drift_free_over_x"]
                 print(
                     f"{'':29s} without the drift in the stores (not a bound): {d['median']:.4f} ({d['max']:.4f}) of ||x||"
+                )
+                o, om, oa, od, oh = (
+                    t[k]
+                    for k in (
+                        "observed_over_x",
+                        "observed_measured_over_bound",
+                        "observed_applied_over_x",
+                        "observed_departure",
+                        "observed_held_over_x",
+                    )
+                )
+                print(
+                    f"{'':29s} trajectory observed (stores at the kernel's iterates): bound "
+                    f"{o['median']:.4f} ({o['max']:.4f}) of ||x||, measured/bound {om['median']:.3f} "
+                    f"({om['max']:.3f}); every step's deviation/bound at most {od['max']:.3f}"
+                )
+                print(
+                    f"{'':29s}   applied: {oh['median']:.4f} ({oh['max']:.4f}) against the exact run, "
+                    f"{oa['median']:.4f} ({oa['max']:.4f}) against the float32 reference"
                 )
     w = binade_ridge_worst_case(args.D, iters=args.iters) if args.D & (args.D - 1) == 0 else None
     if w is not None:

@@ -128,6 +128,8 @@ LIKE = {
     ),
 }
 SPD_STRATEGIES = ("spd", "spd_nobounds", "spd_backward")
+# the strategies whose methods' i-th iterate does not depend on the iteration count
+TRAJECTORY_STRATEGIES = ("spd", "gka_ridge")
 
 
 class UsageError(ValueError):
@@ -284,6 +286,7 @@ def ignored_sizes(name: str, args) -> None:
         ("--pow2", args.pow2, sized),
         ("--max-kappa", args.max_kappa is not None, name in SPD_STRATEGIES),
         ("--kla-form", args.kla_form is not None, name == "kla"),
+        ("--trajectory", getattr(args, "trajectory", False), name in TRAJECTORY_STRATEGIES),
     ):
         if given and not applies:
             raise UsageError(option, f"the {name} strategy does not take it")
@@ -355,11 +358,12 @@ def check_kernel(
     prepare=None,
     shrink: bool = True,
     progress=None,
+    trajectory: bool = False,
 ) -> dict:
     """Run the harness for every (input dtype, contract) pair; returns the report dict (without
     provenance, which :func:`main` adds). ``kernel``: a callable; ``like``: a :data:`LIKE` key
     (or ``solvers.NAME``, as ``--like`` takes it); ``precisions``, ``models``: a name or a
-    sequence of names."""
+    sequence of names; ``trajectory``: the harness's trajectory mode (``harness.check``)."""
     import torch
 
     h = harness()
@@ -401,6 +405,7 @@ def check_kernel(
                 shrink=shrink,
                 seed=seed,
                 prepare=prepare,
+                trajectory=trajectory,
             )
             mine.append(run_dict(rep, precision, contract, time.perf_counter() - t))
             names = (rep.kernel, rep.reference)
@@ -430,6 +435,7 @@ def check_kernel(
             "device": str(device),
             "sizes": sizes or {},
             "shrink": shrink,
+            "trajectory": bool(trajectory),
             "triton_interpret": os.environ.get("TRITON_INTERPRET"),
         },
         "precisions": per_precision,
@@ -644,6 +650,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--no-shrink", action="store_true", help="report the first failing case as drawn (faster)"
     )
+    p.add_argument(
+        "--trajectory",
+        action="store_true",
+        help="Chebyshev, GD, AGD and gka_ridge: also run the kernel for every smaller iteration "
+        "count, bound its stores at its own iterates and check every step (deterministic kernels)",
+    )
     return p
 
 
@@ -715,6 +727,7 @@ def run(args, prog: str = "svt check-kernel") -> int:
         prepare=prepare,
         shrink=not args.no_shrink,
         progress=progress,
+        trajectory=args.trajectory,
     )
     import platform
 
