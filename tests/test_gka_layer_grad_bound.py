@@ -15,7 +15,9 @@ import torch
 from kernel_support import DEVICE, needs_triton_device
 
 import kernels
+from analysis.bounds.contract import linear_bound
 from analysis.bounds.gka_layer_grad import cotangent_bound, layer_dq_bound
+from analysis.precision import gamma
 from analysis.studies.gka_layer_grad_tightness import emulate_dq, gka_inputs
 from analysis.testing.gka_gradient_harness import gka_implicit_reference
 from kernels.gka_layer_bwd import chunked, transposed_state_products
@@ -86,27 +88,116 @@ def contract_of(dtype):
 # ------------------------------------------------------------------------- the reference
 
 
+U64 = 2.0**-53  # float64's unit roundoff
+
+
+def _chain(n, exponent_error=0.0):
+    """A float64 value through ``n`` roundings (Higham 2002 Lemma 3.1, gamma_n(u64); an ``exp``
+    counted as two: within one ulp) whose decay factor ``exp(G)`` was taken at an exponent within
+    ``exponent_error`` of G: relative error ``exp(exponent_error) (1 + gamma_n) - 1``."""
+    return math.exp(exponent_error) * (1 + gamma(n, U64)) - 1
+
+
 @pytest.mark.parametrize("gates", ["none", "weak"])
 def test_reference_is_the_implicit_dq(gates):
     """The bound's reference dq is ``solvers.gka_implicit_grads``' float64 dq (eq. (6) at the
-    r-step iterates), and its dx the per-token ``U_t^T dy_t``, to float64 rounding."""
+    r-step iterates), and its dx the per-token ``U_t^T dy_t``, to float64 rounding, each within a
+    bound derived below from the data (F64-DX, F64-DQ); dx from U_{t-1} and dq one step short are
+    beyond them by many orders of magnitude."""
+    C, a, r = 16, 0.05, 10
     x = make_case(1, T=40, D=8, Dv=6, gates=gates, dtype=torch.float32)
     x64 = {n: None if t is None else t.cpu().to(F64) for n, t in x.items()}
-    T = x64["q"].shape[1]
+    _, T, D = x64["q"].shape
+    Dv, nc = x64["v"].shape[-1], -(-T // C)
     gg = torch.zeros(1, T, dtype=F64) if x64["g"] is None else x64["g"]
     bb = torch.ones(1, T, dtype=F64) if x64["beta"] is None else x64["beta"]
-    b = dq_bound(x, a=0.05, iters=10, C=16, contract="float32/ieee")
+    b = dq_bound(x, a=a, iters=r, C=C, contract="float32/ieee")
     ref = gka_implicit_reference(
-        x64["q"], x64["k"], x64["v"], gg, bb, x64["dy"], a=0.05, iters=10, gated=gates != "none"
+        x64["q"], x64["k"], x64["v"], gg, bb, x64["dy"], a=a, iters=r, gated=gates != "none"
     )[0]
-    assert float((b.dq - ref).norm() / ref.norm()) < 1e-12
-    U, dx = torch.zeros(6, 8, dtype=F64), []
-    for t in range(T):  # U_t = gamma_t U_{t-1} + beta_t v_t k_t^T (CH)
-        U = torch.exp(gg[0, t]) * U + bb[0, t] * torch.outer(x64["v"][0, t], x64["k"][0, t])
-        dx.append(U.T @ x64["dy"][0, t])
-    assert float((b.dx[0] - torch.stack(dx)).norm() / b.dx.norm()) < 1e-12
+    # U_t = gamma_t U_{t-1} + beta_t v_t k_t^T (CH), H_t likewise; |U|_t, |H|_t from |v|, |k|
+    # (decays and beta are positive): the sums of the terms' magnitudes
+    U, Ua, H, Ha = (torch.zeros(*s, dtype=F64) for s in ((Dv, D), (Dv, D), (D, D), (D, D)))
+    dx, dxa, Hs, Has, dx_prev = [], [], [], [], []
+    for t in range(T):
+        dec, kk, vv, dyt = torch.exp(gg[0, t]), x64["k"][0, t], x64["v"][0, t], x64["dy"][0, t]
+        dx_prev.append(U.T @ dyt)  # broken: the previous token's state
+        U = dec * U + bb[0, t] * torch.outer(vv, kk)
+        Ua = dec * Ua + bb[0, t] * torch.outer(vv.abs(), kk.abs())
+        H = dec * H + bb[0, t] * torch.outer(kk, kk)
+        Ha = dec * Ha + bb[0, t] * torch.outer(kk.abs(), kk.abs())
+        dx.append(U.T @ dyt), dxa.append(Ua.T @ dyt.abs()), Hs.append(H), Has.append(Ha)
+    dx, dxa, Hs, Has, dx_prev = map(torch.stack, (dx, dxa, Hs, Has, dx_prev))
+
+    # F64-DX. Every computation of dx_t here is a sum of the terms decay beta (v_j . dy_t) k_j,
+    # each through a chain of roundings (Lemma 3.1, any summation order: eq. (3.4)), so
+    # ``|dx_hat - dx| <= eps |U|_t^T |dy_t|`` componentwise. The recurrence (this test's, and
+    # run_layer's, which gka_implicit_grads uses): per token exp(g) (2), the product and the sum
+    # (2), beta v k^T (2 once), the dot with dy (Dv): eps_rec = gamma_{4T+Dv+2}. The chunked form
+    # (cotangent_bound): the chunk-local cumsum G within gamma_C sum|g| (Higham eq. (4.4)), so an
+    # exponent G_c - G_j off by (2 gamma_C + u) sum|g| over the chunks a term crosses; roundings:
+    # coef = exp(.) beta, coef k, the chunk's C-term product into the state (C + 4), per chunk
+    # crossed exp, product, sum (4 nc), then zeta (dy . R) and the final sum (Dv + 4):
+    # eps_ch = exp(e_G) (1 + gamma_{C+Dv+4nc+8}) - 1 (the in-chunk term needs fewer).
+    e_G = (2 * gamma(C, U64) + U64) * float(gg.abs().sum())
+    eps_rec, eps_ch = _chain(4 * T + Dv + 2), _chain(C + Dv + 4 * nc + 8, e_G)
+    tol_dx = (eps_rec + eps_ch) * float(dxa.norm())
+    err_dx = float((b.dx[0] - dx).norm())
+    print(
+        f"F64-DX ({gates}): measured {err_dx:.3e} / tolerance {tol_dx:.3e} = {err_dx / tol_dx:.3g}"
+    )
+    assert err_dx <= tol_dx, (err_dx, tol_dx)  # F64-DX
+    off = float((b.dx[0] - dx_prev).norm())
+    assert off > 1e3 * tol_dx, (off, tol_dx)  # U_{t-1}^T dy_t: caught (not a tolerance)
+
+    # F64-DQ. Both dq are r-step float64 Chebyshev runs on (H_t, dx_t, lambda_t = a ||H_t||_F),
+    # each with its own H_t, dx_t and ||H_t||_F: per token
+    #   ||dq_b - dq_ref|| <= 2 E_t + (2 / lambda_t) (||dx_b - dx|| + ||dx_ref - dx||),
+    # E_t linear_bound's running bound under the float64 contract on this test's (H_t, dx_t) (the
+    # same propagation through the exact Chebyshev responses LTB uses), with the runs' H_t within
+    # 2 eps_H |H|_t of this one (H_error, with gamma_{D+2} for the product and shift) and their
+    # ||H_t||_F relatively within 2 eps_H || |H|_t ||_F / ||H_t||_F + 2 gamma_{D^2+2}
+    # (param_rel_error; shift_error a ||H_t||_F times it); the right-hand sides' differences
+    # (F64-DX, per token) propagate through p_r(A_t), ||p_r(A_t)|| <= 2 / lambda_t (|1 - tau_r| <= 2
+    # on [mu, L] = [a fro, (1 + a) fro], which holds A_t's spectrum, lambda_min(A_t) >= lambda_t).
+    eps_H = max(_chain(4 * T + 2), _chain(C + 4 * nc + 8, e_G))
+    fro, fro_abs = torch.linalg.matrix_norm(Hs), torch.linalg.matrix_norm(Has)
+    lam = a * fro
+    prel = float((2 * eps_H * fro_abs / fro).max()) + 2 * gamma(D * D + 2, U64)
+    g_prod = gamma(D + 2, U64)
+    H_error = (
+        g_prod * (Hs.abs() + lam[:, None, None] * torch.eye(D, dtype=F64))
+        + (1 + g_prod) * 2 * eps_H * Has
+    )
+    run = linear_bound(
+        "chebyshev",
+        Hs,
+        dx,
+        L=(1 + a) * fro,
+        mu=lam,
+        iters=r,
+        contract="float64",
+        shift=lam,
+        shift_error=a * fro * prel,
+        param_rel_error=prel,
+        H_error=H_error,
+    )
+    rhs = (eps_ch + eps_rec + 2 * eps_rec) * dxa.norm(dim=-1)  # b's dx, the reference's dx
+    tol_dq = 2 * run.bound[-1] + 2 / lam * rhs
+    err_dq = (b.dq[0] - ref[0]).norm(dim=-1)
+    worst = float((err_dq / tol_dq).max())
+    print(
+        f"F64-DQ ({gates}): measured / tolerance max {worst:.3g} (tolerance / ||dq_t|| max "
+        f"{float((tol_dq / ref[0].norm(dim=-1)).max()):.3g})"
+    )
+    assert bool((err_dq <= tol_dq).all()), worst  # F64-DQ
+    short = gka_implicit_reference(
+        x64["q"], x64["k"], x64["v"], gg, bb, x64["dy"], a=a, iters=r - 1, gated=gates != "none"
+    )[0]
+    # one step short: caught on every token (not a tolerance)
+    assert bool(((b.dq[0] - short[0]).norm(dim=-1) > 1e3 * tol_dq).all())
     with pytest.raises(ValueError, match="dq_kernel"):
-        dq_bound(x, a=0.05, iters=10, C=16, contract="float32/ieee", dq_kernel="cuda")
+        dq_bound(x, a=a, iters=r, C=C, contract="float32/ieee", dq_kernel="cuda")
 
 
 def _kernel_cotangent(x, C, contract, shift=False):
@@ -290,6 +381,29 @@ def test_bad_arguments():
         cotangent_bound(x["k"], x["v"], x["dy"][:, :4], chunk_size=16, contract="float32/ieee")
 
 
+def test_dy_must_be_float32_representable():
+    """The backward takes the cotangent as float32 and LTB-dq assumes it exact there: a float64 dy
+    that float32 would round is refused, naming dy (layer_dq_bound and cotangent_bound); the same
+    values rounded to float32 (what the kernel receives) are accepted, in any dtype."""
+    x = make_case(6, T=8, D=4, Dv=4, dtype=torch.float32)
+    kw = dict(a=0.05, iters=4, chunk_size=16, contract="float32/ieee", out_dtype=torch.float32)
+    fine = x["dy"].cpu().to(F64)  # float32 values widened: exact
+    b = layer_dq_bound(x["k"], x["v"], fine, **kw)
+    assert torch.equal(b.dq, layer_dq_bound(x["k"], x["v"], x["dy"], **kw).dq)
+    off = fine.clone()
+    off[0, 3, 1] += 2.0**-40 * off[0, 3, 1].abs()  # below float32's spacing: rounded away
+    for call in (
+        lambda: layer_dq_bound(x["k"], x["v"], off, **kw),
+        lambda: cotangent_bound(x["k"], x["v"], off, chunk_size=16, contract="float32/ieee"),
+    ):
+        with pytest.raises(ValueError, match="dy must be representable in float32"):
+            call()
+    big = fine.clone()
+    big[0, 0, 0] = 1e39  # beyond float32's range
+    with pytest.raises(ValueError, match="dy must be representable in float32"):
+        layer_dq_bound(x["k"], x["v"], big, **kw)
+
+
 def test_layer_token_bound_options():
     """layer_token_bound's options for the dq solve: ``rhs_error`` zero adds nothing and a
     positive one raises the bound on every token (none is ignored), a bad shape is named;
@@ -318,8 +432,11 @@ def test_layer_token_bound_options():
 def test_dk_jacobians_are_the_implicit_backwards():
     """The derivatives of dk_i in x_t and dq_t that the dv/dk worst case uses
     (analysis.studies.gka_layer_grad_tightness.dk_jacobians) are those of
-    kernels.gka_layer_bwd.implicit_backward (Lemma 1; it is bilinear in x and dq but for w_t's
-    product, so a difference quotient agrees to rounding)."""
+    kernels.gka_layer_bwd.implicit_backward (Lemma 1). At fixed dq, dk_i is affine in x_t (and at
+    fixed x affine in dq_t: ``w_t = 2a x_t . dq_t / ||H_t||_F`` and every other term hold x and dq
+    once each), so ``dk(x + d) - dk(x) = J d`` exactly for any d, a unit-sized one here: the check's
+    only error is float64 rounding (FD-F64). Without the w_t H_t k_i term the Jacobian is beyond
+    it."""
     from analysis.studies.gka_layer_grad_tightness import dk_jacobians
     from kernels.gka_layer_bwd import chunk_states_reference, implicit_backward
 
@@ -333,21 +450,46 @@ def test_dk_jacobians_are_the_implicit_backwards():
     fro = torch.linalg.matrix_norm(H)
     S, R = chunk_states_reference(K, G, None, V)
 
-    def dk(X, dQ):
+    def dk(X, dQ, absolute=False):
+        f = (lambda t: t.abs()) if absolute else (lambda t: t)  # noqa: E731
         out = implicit_backward(
-            K=K, G=G, beta=None, X=X, dQ=dQ, fro=fro[None, None], S=S, a=a, V=V, dY=dY, R=R
-        )
+            K=f(K), G=G, beta=None, X=f(X), dQ=f(dQ), fro=fro[None, None], S=f(S), a=a,
+            V=f(V), dY=f(dY), R=f(R), absolute=absolute,
+        )  # fmt: skip
         return out[0][0, 0]
 
-    i = 3
-    J, Kq = dk_jacobians(K[0, 0], V[0, 0], dY[0, 0], X[0, 0], dQ[0, 0], H, 2 * a / fro, i)
-    e = 1e-6 * rn(D)
+    i, s = 3, 2 * a / fro
+    J, Kq = dk_jacobians(K[0, 0], V[0, 0], dY[0, 0], X[0, 0], dQ[0, 0], H, s, i)
+    # the same Jacobians on magnitudes (J = c I - dq k^T - s H k dq^T, c = dy . v - dq . k, with
+    # -|dq| every term adds; Kq likewise with -|x|)
+    Ka, Va, dYa = K[0, 0].abs(), V[0, 0].abs(), dY[0, 0].abs()
+    Ja = dk_jacobians(Ka, Va, dYa, X[0, 0], -dQ[0, 0].abs(), H.abs(), s, i)[0]
+    Kqa = dk_jacobians(Ka, Va, dYa, -X[0, 0].abs(), dQ[0, 0], H.abs(), s, i)[1]
+    # FD-F64: each evaluation of dk_i within gamma_m(u64) of the magnitudes' dk (implicit_backward
+    # with absolute=True), m = T + 2D + 2C + 16 the longest chain of the chunked formulas (GRAD,
+    # analysis.testing.gka_gradient_harness; T = C here), and one more for the difference; J d
+    # (J's entries: two dot products, a difference, s H k's products and the three terms' sums,
+    # then the product with d, and d = fl(x + e) - x's own rounding) within gamma_{2D+Dv+7}(u64)
+    # |J| |d|
+    m = C + 2 * D + 2 * C + 16
+    e = rn(D)
+    broken = J + (s[i:, None, None] * (H[i:] @ K[0, 0, i])[:, :, None]) * dQ[0, 0, i:][:, None, :]
     for t in (i, 9, C - 1):
-        for M, which in ((J, "x"), (Kq, "dq")):
+        for M, Ma, which in ((J, Ja, "x"), (Kq, Kqa, "dq")):
             X2, dQ2 = X.clone(), dQ.clone()
             (X2 if which == "x" else dQ2)[0, 0, t] += e
+            d = (X2 - X if which == "x" else dQ2 - dQ)[0, 0, t]
             diff = dk(X2, dQ2)[i] - dk(X, dQ)[i]
-            assert float((diff - M[t - i] @ e).norm() / (M[t - i] @ e).norm()) < 1e-6
+            tol = gamma(m + 1, U64) * (
+                float(dk(X2, dQ2, True)[i].norm()) + float(dk(X, dQ, True)[i].norm())
+            ) + gamma(2 * D + Dv + 7, U64) * float((Ma[t - i] @ d.abs()).norm())
+            err = float((diff - M[t - i] @ d).norm())
+            print(
+                f"FD-F64 t={t} d{which}: measured {err:.3e} / tolerance {tol:.3e} = {err / tol:.3g}"
+            )
+            assert err <= tol, (t, which, err, tol)  # FD-F64
+            if which == "x":  # without the w_t H_t k_i term: caught (not a tolerance)
+                assert float((diff - broken[t - i] @ d).norm()) > 1e3 * tol
 
 
 @pytest.mark.gpu

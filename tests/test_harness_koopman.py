@@ -143,8 +143,19 @@ def test_tf32_emulation_is_never_beyond_the_tf32_bound():
     # tf32 operands (2^-10) make the bound vacuous wherever 8 (K + 2) kappa(G~) u_tf32 S_q
     # reaches ||y||: INCONCLUSIVE there is the harness's answer; never FAIL
     rep = _check(_emulation(operand_bits=10), model="tf32")
+    # the bound itself: measured / bound <= 1 on every finding (readout_bound is a proof, so the
+    # only derived threshold is 1; the former "max ratio < 0.5" was the margin asked of the
+    # first-order model this bound replaced, and a proof implies no margin: the 250 drawn cases
+    # of docs/harness.md reach 0.53 of the kernel's bound)
     assert rep.verdict != harness.FAIL, str(rep)
-    assert max(f.ratio for f in rep.history) < 0.5, str(rep)
+    # not a tolerance: "never FAIL" says something only where the bound is conclusive (an inf
+    # bound gives ratio 0): some findings have a bound below ||y|| and a nonzero error within
+    # it (seed 0, 12 cases: 5 conclusive, worst ratio 0.36)
+    conclusive = [f for f in rep.history if not f.vacuous and math.isfinite(f.bound)]
+    assert conclusive and max(f.ratio for f in conclusive) > 0.0, str(rep)
+    # and the tf32 bound can fail: the same emulation with y x 0.9 FAILs under it
+    broken = _check(_emulation(operand_bits=10, broken="scaled"), model="tf32", shrink=False)
+    assert broken.verdict == harness.FAIL and broken.failure.ratio > 1.0, str(broken)
 
 
 def test_on_statistics_wraps_a_stats_readout():

@@ -119,6 +119,14 @@ def cotangent_bound(k, v, dy, g=None, beta=None, *, chunk_size: int, contract: s
     kernel's float32 one (module docstring, 1.), for the backward's chunk ``chunk_size``."""
     k, v, dy = _f64("k", k, 3), _f64("v", v, 3), _f64("dy", dy, 3)
     g, beta = _f64("g", g, 2), _f64("beta", beta, 2)
+    # the backward casts the cotangent to float32 (kernels.gka_layer: ``d_out.float()``) and the
+    # bound takes dy as exact there: a value float32 would round is refused, not silently charged
+    # to nothing (round it first: the bound is then on the values the kernel received)
+    if not torch.equal(dy.to(torch.float32).to(F64), dy):
+        raise ValueError(
+            "dy must be representable in float32: the kernel's backward takes the cotangent as "
+            "float32 and the bound assumes it exact there (round dy to float32 first)"
+        )
     N, T, D = k.shape
     Dv = v.shape[-1]
     if tuple(v.shape[:2]) != (N, T) or tuple(dy.shape) != (N, T, Dv):
@@ -169,7 +177,8 @@ def layer_dq_bound(
     batch: int = 64,
 ) -> LayerGradBound:
     """LTB-dq (module docstring) for the tokens ``tokens`` (None: all) of ``kernels.gka_layer``'s
-    backward with cotangent ``dy`` (the values the kernel received, as float32 is exact for them).
+    backward with cotangent ``dy`` (the values the kernel received; they must be representable in
+    float32, where the backward takes them: ValueError naming ``dy`` otherwise).
 
     k ``(N, T, D)``, v, dy ``(N, T, Dv)``, g, beta ``(N, T)`` or None; a, iters: the layer's;
     chunk_size: the backward's chunk (the call's ``chunk_size``); contract: the kernel's;
