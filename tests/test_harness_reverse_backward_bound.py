@@ -318,3 +318,27 @@ def test_tightness_distribution(capsys):
         )
     with capsys.disabled():
         print("\n" + "\n".join(rows))
+
+
+@pytest.mark.parametrize("contract", ["float32", "bfloat16/operands", "bfloat16/storage"])
+def test_the_reverse_cap_is_where_the_bound_stays_conclusive(contract):
+    """spd_backward draws "reverse" up to REVERSE_MAX_ITERS = 5 steps: there every contract's
+    bound on dq and dH is below the gradient's norm (GKA's regime's low end, kappa = 10, where
+    the reversal grows fastest); one step more and bf16 operands' dH bound is vacuous."""
+    r = harness.REVERSE_MAX_ITERS
+
+    def worst(iters):
+        c = harness.spd_case(16, (8,), 10.0, iters=iters, seed=1, cotangent=True, method="reverse")
+        H, q, g = (c.inputs[k].to(torch.bfloat16).double() for k in ("H", "q", "grad_x"))
+        o = c.options
+        b = reverse_backward_bound(
+            H, q, g, L=o["L"], mu=o["mu"], iters=iters, method="reverse", contract=contract
+        )
+        return max(
+            float((b.dq / b.dq_exact.norm(dim=-1)).max()),
+            float((b.dH / torch.linalg.matrix_norm(b.dH_exact)).max()),
+        )
+
+    assert worst(r) < 1.0  # conclusive: bound below ||dq||, ||dH|| (0.64 for bf16 operands)
+    if contract == "bfloat16/operands":
+        assert worst(r + 1) >= 1.0  # vacuous one step later (1.2): the cap is not arbitrary
