@@ -3,9 +3,9 @@
 Each function runs one algorithm with the roundings its :class:`solvers.contracts.Contract`
 declares, and nothing else: operands of every product rounded to ``contract.operands`` (bf16:
 ``x.to(bfloat16)`` before ``H x``, as GKA's chunked Chebyshev kernel and fla's MesaNet CG do;
-tf32 by truncating the significand, as Triton does on Hopper; tf32x3 by rounding it), sums and
-updates in ``contract.accumulate``, the intermediates named in ``contract.stored`` rounded to ``contract.storage`` when stored. The
-harness's own tests hold them to their contracts' bounds (tests/test_harness_matrix.py) and
+tf32 by truncating the significand, as Triton does on Hopper; tf32x3 by its rounded two-term
+tf32 split), sums and updates in ``contract.accumulate``, the intermediates named in
+``contract.stored`` rounded to ``contract.storage`` when stored. The harness's own tests hold them to their contracts' bounds (tests/test_harness_matrix.py) and
 catch deliberately broken variants (``broken=``) under every contract.
 
 Signatures follow the references: ``chebyshev(H, q, *, L, mu, iters, contract)``, ``gd``,
@@ -127,7 +127,11 @@ class _Arith:
             op == "tf32"
         ):  # as Triton's tf32 tl.dot on Hopper: truncated (the contract's u covers it)
             return truncate_significand(x, 10).to(self.acc)
-        if op == "tf32x3":  # hi + lo in tf32, the lo*lo product dropped: about 2^-22 relative
+        if op == "tf32x3":
+            # each operand replaced by its two-term tf32 split hi + lo (|x - hi - lo| <= 2^-22 |x|,
+            # hi and lo rounded to 10 bits); the product below then forms all four partial
+            # products, where Triton's tf32x3 drops lo*lo (at most 2^-22 of the product): both
+            # within the contract's unit u_op = 2^-22 per operand
             hi = round_significand(x, 10)
             lo = round_significand(x.to(_F32) - hi, 10)
             return (hi + lo).to(self.acc)
