@@ -45,6 +45,11 @@ H cg 25 kernels:cg solvers:cg --strategy spd_nobounds $S
 H gd 25 kernels:gd solvers:gd --strategy spd $S
 H agd 25 kernels:agd solvers:agd --strategy spd $S
 H chebyshev_adaptive 25 kernels:chebyshev_adaptive analysis.testing.harness:gka_ridge_reference --strategy gka_ridge $S
+# trajectory mode (docs/harness.md): every step count run, each step checked against its bound
+H chebyshev_trajectory 60 kernels:chebyshev solvers:chebyshev --strategy spd $S --trajectory
+H gd_trajectory 60 kernels:gd solvers:gd --strategy spd $S --trajectory
+H agd_trajectory 60 kernels:agd solvers:agd --strategy spd $S --trajectory
+H chebyshev_adaptive_trajectory 60 kernels:chebyshev_adaptive analysis.testing.harness:gka_ridge_reference --strategy gka_ridge $S --trajectory
 H chebyshev_backward 30 kernels:chebyshev_backward solvers:chebyshev_backward --strategy spd_backward $S
 H kla_chunkwise 40 kernels:kla_chunkwise solvers:kla_chunkwise --strategy kla --precision bfloat16 \
   --model bfloat16/operands --examples 8

@@ -54,8 +54,8 @@ works) plus what bounds its outputs. Construct it with
 * optional ``steps_option``: the option counting the steps of an iteration whose i-th iterate
   does not depend on the count ("iters" for Chebyshev, GD, AGD). In trajectory mode
   (``check(..., trajectory=True)``) the kernel is also run for every smaller count and
-  ``scales`` receives its iterates as ``observed=``; it raises :class:`TrajectoryDeparture`
-  for a step outside its bound.
+  ``scales`` receives its iterates as ``observed=`` and records its worst step with
+  :func:`note_trajectory`.
 
 Register it as ``STRATEGIES["name"] = factory`` (a function taking ``precision=``, ``device=``
 and size keywords) to reach it from the command line.
@@ -455,37 +455,23 @@ def _two_runs(method, H, q, options, contract, observed=None, **kw):
     args = dict(L=options["L"], mu=options["mu"], iters=options["iters"], **kw)
     k = linear_bound(method, H, q, contract=contract, observed=observed, **args)
     r = linear_bound(method, H, q, contract=REFERENCE_CONTRACT, **args)
-    if k.departed is not None:
-        _raise_departure(k)
     return k, r
 
 
-class TrajectoryDeparture(Exception):
-    """A step of the kernel's observed trajectory lies outside its running bound."""
-
-    def __init__(self, step: int, system: int, ratio: float, error: float, bound: float):
-        super().__init__(step, system, ratio)
-        self.step, self.system, self.ratio, self.error, self.bound = (
-            step,
-            system,
-            ratio,
-            error,
-            bound,
-        )
-
-
-def _raise_departure(run) -> None:
-    """Raise :class:`TrajectoryDeparture` for the first step (of the worst system) where the
-    observed iterate is beyond its bound: the final bound is void from there on."""
+def note_trajectory(case: Case, run) -> None:
+    """Record in ``case.meta["trajectory"]`` the worst step of a ``linear_bound`` run given the
+    kernel's iterates (``run.departed``): ``(step, system, ratio, error, bound)``, the first step
+    of the largest ratio. :func:`run_case` reports it as the finding ``x at step i of r``, a FAIL
+    when the ratio exceeds 1 (the kernel left its bound there, and the final bound, built on
+    its values, is void)."""
     d = run.departed.reshape(run.departed.shape[0], -1)
-    bad = (~(d <= 1.0)).any(-1)
-    if not bool(bad.any()):
-        return
-    step = int(torch.nonzero(bad)[0, 0])
-    system = int(torch.argmax(torch.nan_to_num(d[step], nan=math.inf)))
+    d = torch.nan_to_num(d, nan=math.inf)
+    worst = d.amax(-1)
+    step = int(torch.nonzero(worst == worst.max())[0, 0])
+    system = int(torch.argmax(d[step]))
     ratio = float(d[step, system])
     bound = float(run.bound[step].reshape(-1)[system])
-    raise TrajectoryDeparture(step, system, ratio, ratio * bound, bound)
+    case.meta["trajectory"] = (step, system, ratio, ratio * bound, bound)
 
 
 def _solve_scales(case, rounded, contract, observed=None):
@@ -494,6 +480,8 @@ def _solve_scales(case, rounded, contract, observed=None):
     H, q = rounded["H"].cpu(), rounded["q"].cpu()
     opts = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in case.options.items()}
     k, r = _two_runs(_method_of(case), H, q, opts, contract, observed)
+    if observed is not None:
+        note_trajectory(case, k)
     return ((k.bound[-1] + r.bound[-1]).to(rounded["H"].device),)
 
 
@@ -721,8 +709,8 @@ def _ridge_scales(case, rounded, contract, observed=None):
             param_rel_error=rel,
             observed=obs,
         )
-        if run.departed is not None:
-            _raise_departure(run)
+        if obs is not None:
+            note_trajectory(case, run)
         out.append(run.bound[-1])
     return ((out[0] + out[1]).to(rounded["H"].device),)
 
@@ -1338,22 +1326,25 @@ def run_case(
             return _crash(case, strategy, observed)
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
-    try:
-        if observed is None:
-            scales = strategy.scales(prepared, exact, contract)
-        else:
-            scales = strategy.scales(prepared, exact, contract, observed=observed)
-    except TrajectoryDeparture as d:
+    if observed is None:
+        scales = strategy.scales(prepared, exact, contract)
+    else:
+        scales = strategy.scales(prepared, exact, contract, observed=observed)
+    steps = []
+    if observed is not None and "trajectory" in prepared.meta:
+        step, system, ratio, error, bound = prepared.meta.pop("trajectory")
         f = Finding(
-            d.ratio,
-            f"{strategy.outputs[0]} at step {d.step} of {opts[strategy.steps_option]}",
-            d.system,
-            d.error,
-            d.bound,
+            ratio,
+            f"{strategy.outputs[0]} at step {step} of {opts[strategy.steps_option]}",
+            system,
+            error,
+            bound,
             case.label,
         )
-        f.snippet = case.snippet()
-        return [f]
+        if f.failed:  # the final bound rests on the kernel's values: void from this step on
+            f.snippet = case.snippet()
+            return [f]
+        steps.append(f)
     measured = strategy.errors(prepared, exact, k_out, r_out) if strategy.errors else None
     covered = (
         strategy.stored_outputs(contract)
@@ -1403,7 +1394,7 @@ def run_case(
         if f.failed:
             f.snippet = case.snippet()
         findings.append(f)
-    return findings
+    return findings + steps
 
 
 OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bounds model
