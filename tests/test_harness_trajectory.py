@@ -248,3 +248,136 @@ def test_cli_trajectory(capsys):
 
 def _float32_chebyshev(H, q, *, L, mu, iters):
     return emulate.chebyshev(H, q, L=L, mu=mu, iters=iters, contract="float32")
+
+
+# ---- what a review of the mode found (each was a false FAIL or an exception outside any case)
+
+
+@pytest.mark.parametrize("contract", ["tf32", "bfloat16/operands"])
+@pytest.mark.parametrize("trajectory", [False, True])
+def test_float32_inputs_under_a_coarser_operand_format_pass(contract, trajectory):
+    """H's float32 values are rounded again by a tf32 or bf16 product: the bound charges it
+    (``value_u`` read off H); before, correct emulations FAILed here (ratios 1.2-28)."""
+    for fn, ref, strategy in (
+        (
+            emulate.chebyshev,
+            solvers.chebyshev,
+            harness.spd(max_d=16, max_batch=2, max_kappa=1000.0),
+        ),
+        (emulate.gka_ridge, harness.gka_ridge_reference, harness.gka_ridge(max_d=16, max_batch=2)),
+    ):
+        rep = harness.check(
+            emulate.bind(fn, contract),
+            ref,
+            strategy,
+            precision="float32",
+            model=contract,
+            device="cpu",
+            shrink=False,
+            seed=SEED,
+            trajectory=trajectory,
+        )
+        assert rep.verdict != FAIL, str(rep)
+
+
+_BUFFER = {}
+
+
+def _one_buffer(H, q, *, L, mu, iters):
+    """A correct kernel that hands back the same output buffer on every call (as a CUDA-graph
+    replay does)."""
+    x = _float32_chebyshev(H, q, L=L, mu=mu, iters=iters)
+    buf = _BUFFER.setdefault(tuple(x.shape) + (x.dtype,), torch.empty_like(x))
+    return buf.copy_(x)
+
+
+def test_a_kernel_reusing_its_output_buffer_passes():
+    rep = _check(_one_buffer, solvers.chebyshev, harness.spd(max_d=8, max_batch=2), "float32")
+    assert rep.verdict == PASS, str(rep)
+
+
+def _meta_at_zero(H, q, *, L, mu, iters):
+    x = _float32_chebyshev(H, q, L=L, mu=mu, iters=iters)
+    return x.to("meta") if iters == 0 else x
+
+
+def _writes_mu(H, q, *, L, mu, iters):
+    x = _float32_chebyshev(H, q, L=L, mu=mu, iters=iters)
+    if iters == 1 and isinstance(mu, torch.Tensor):
+        mu.mul_(2.0)
+    return x
+
+
+def _float32_at_zero(H, q, *, L, mu, iters):
+    x = _float32_chebyshev(H.float(), q.float(), L=L, mu=mu, iters=iters)
+    return x if iters == 0 else x.to(H.dtype)
+
+
+def _exits(H, q, *, L, mu, iters):
+    if iters == 1:
+        raise SystemExit(3)
+    return _float32_chebyshev(H, q, L=L, mu=mu, iters=iters)
+
+
+def test_prefix_runs_are_checked_as_the_first_run_is():
+    """A prefix run's wrong device, an option written in place or a SystemExit is a finding with
+    its case; a different dtype at one step count falls back to the exact trajectory's bound."""
+    spd = harness.spd(max_d=4, max_batch=2, max_iters=6)
+    rep = _check(_meta_at_zero, solvers.chebyshev, spd, "float32")
+    assert rep.verdict == FAIL and "iters=0 returned shape" in rep.failure.crash, str(rep)
+    per_system = harness.spd_case(4, (2,), 10.0, iters=4, seed=1, per_system=True)
+    (f,) = harness.run_case(
+        _writes_mu,
+        solvers.chebyshev,
+        spd,
+        per_system,
+        precision=torch.bfloat16,
+        model="float32",
+        device="cpu",
+        trajectory=True,
+    )
+    assert f.failed and "modified its input 'mu' in place when run with iters=1" in f.crash
+    rep = _check(_exits, solvers.chebyshev, spd, "float32")
+    assert rep.verdict == FAIL and "SystemExit" in rep.failure.crash, str(rep)
+    rep = _check(_float32_at_zero, solvers.chebyshev, spd, "float32")
+    assert rep.verdict == PASS, str(rep)
+    assert rep.trajectory_fallbacks > 0 and "bounded along the exact trajectory" in str(rep)
+
+
+def test_no_bound_is_no_failure():
+    """bf16 strict sums of D^2 squares have no bound (gamma_n with n u >= 1): the ridge form's
+    lambda and a D = 256 run are vacuous (INCONCLUSIVE), in neither mode a FAIL or an exception."""
+    fn = emulate.bind(emulate.gka_ridge, "bfloat16/strict")
+    for trajectory in (False, True):
+        rep = harness.check(
+            fn,
+            harness.gka_ridge_reference,
+            harness.gka_ridge(max_d=16, max_batch=1, max_iters=3),
+            model="bfloat16/strict",
+            device="cpu",
+            shrink=False,
+            seed=SEED,
+            trajectory=trajectory,
+        )
+        assert rep.verdict == harness.INCONCLUSIVE and rep.error is None, str(rep)
+    case = harness.spd_case(256, (1,), 10.0, iters=3, seed=0)
+    cheb = emulate.bind(emulate.chebyshev, "bfloat16/strict")
+    for trajectory in (False, True):
+        found = harness.run_case(
+            cheb,
+            solvers.chebyshev,
+            harness.spd(max_d=256),
+            case,
+            precision=torch.bfloat16,
+            model="bfloat16/strict",
+            device="cpu",
+            trajectory=trajectory,
+        )
+        assert not any(f.failed for f in found), [str(f) for f in found]
+
+
+def test_trajectory_needs_a_strategy_with_steps():
+    with pytest.raises(ValueError, match="trajectory=True needs a strategy"):
+        harness.check(
+            _float32_chebyshev, solvers.kla_chunkwise, harness.kla(), trajectory=True, examples=1
+        )

@@ -294,10 +294,13 @@ def linear_bound(
     binade or on its upper end, so ``|fl(y) - y| <= u 2^floor(log2 |x_obs|)`` component by
     component (:func:`half_spacings`), with no drift term (on GKA's ridge systems the drift
     costs 0.9 points of ||x||, ``analysis.studies.contract_tightness``). That holds only if
-    ``observed`` is the trajectory the bound describes, which is checked, not assumed:
-    ``LinearRun.departed`` is each step's ``||x_obs_i - x_i||`` over its bound; a ratio above 1
-    means the kernel left its contract at step i (or its i-step run is not the prefix of its
-    r-step run) and the final bound is void for that system.
+    ``observed`` is the trajectory of the run the bound is for: a precondition (the i-step run
+    computes the first i steps of the r-step run), not something a bound can check. What is
+    checked is the trajectory's consistency with the contract: ``LinearRun.departed`` is each
+    step's ``||x_obs_i - x_i||`` over its bound; a ratio above 1 means the kernel left its
+    contract at step i and the final bound is void for that system. Values from runs that are
+    not the prefix can only make the bound smaller than the run needs (a false FAIL), since the
+    store bound used is the smaller of the two.
     """
     if method not in LINEAR_METHODS:
         raise ValueError(f"method must be one of {LINEAR_METHODS}, got {method!r}")
@@ -536,7 +539,7 @@ def _departures(
     obs = observed.to(_F64)
     dev = torch.linalg.vector_norm(obs - X, dim=-1)
     tiny = torch.finfo(observed.dtype).tiny
-    allowed = E
+    allowed = torch.nan_to_num(E, nan=math.inf)  # no bound (0 inf in the recursion) is inf
     if unit_roundoff(observed.dtype) > held_u:
         allowed = E + torch.linalg.vector_norm(
             half_spacings(obs, unit_roundoff(observed.dtype), observed.dtype), dim=-1
@@ -558,6 +561,18 @@ def half_spacings(y: torch.Tensor, u: float, dtype: torch.dtype) -> torch.Tensor
         binade(torch.nan_to_num(a, nan=math.inf, posinf=math.inf).clamp(tiny, 1e300))
     )
     return torch.where(torch.isfinite(a), h, torch.full_like(h, math.inf))
+
+
+def value_roundoff(x: torch.Tensor) -> float:
+    """Roundoff of the values a kernel received: 2^-8 if every entry is a bfloat16, 2^-24 if
+    every entry is a float32, else float64's 2^-53 (``linear_bound``'s ``value_u``: a product
+    whose operand format is coarser rounds them)."""
+    x = x.detach().to(_F64)
+    if bool((x.to(torch.bfloat16).to(_F64) == x).all()):
+        return 2.0**-8
+    if bool((x.to(torch.float32).to(_F64) == x).all()):
+        return 2.0**-24
+    return 2.0**-53
 
 
 def binade(y: torch.Tensor) -> torch.Tensor:
@@ -822,4 +837,5 @@ __all__ = [
     "linear_bound",
     "propagated_norm_bound",
     "store_error_bound",
+    "value_roundoff",
 ]

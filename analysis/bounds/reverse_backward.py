@@ -70,7 +70,14 @@ from analysis.precision import gamma
 from solvers import validation as _v
 from solvers.contracts import parse
 
-from .contract import SAFETY, _constant_errors, _schedule, linear_bound, propagated_norm_bound
+from .contract import (
+    SAFETY,
+    _constant_errors,
+    _schedule,
+    linear_bound,
+    propagated_norm_bound,
+    value_roundoff,
+)
 
 _F64 = torch.float64
 REVERSE_METHODS = ("reverse", "reverse_stored_omega")
@@ -97,11 +104,6 @@ def _store(x, drift, contract, stored: bool):
     if not stored:
         return torch.zeros_like(drift)
     return contract.u_store * (torch.linalg.vector_norm(x, dim=-1) + drift)
-
-
-def _value_u(H: torch.Tensor) -> float:
-    """Roundoff of the matrix's values: 2^-8 if every entry is a bfloat16, else float32's."""
-    return 2.0**-8 if bool((H.to(torch.bfloat16).to(_F64) == H).all()) else 2.0**-24
 
 
 def reverse_backward_bound(
@@ -139,7 +141,7 @@ def reverse_backward_bound(
     Lt = torch.broadcast_to(torch.as_tensor(L, dtype=_F64).cpu(), batch).reshape(N)
     mt = torch.broadcast_to(torch.as_tensor(mu, dtype=_F64).cpu(), batch).reshape(N)
     if value_u is None:
-        value_u = _value_u(H)
+        value_u = value_roundoff(H)
     # the responses take O(r^2 D) and the dH gains O(r D^2) per system: in chunks of systems
     per = 8 * ((2 * iters + 3) * D * D + 4 * (iters + 1) ** 2 * D)
     size = max(1, int(_CHUNK_BYTES // per))

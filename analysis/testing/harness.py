@@ -100,6 +100,7 @@ from analysis.bounds.contract import (
     cg_bound,
     fro_error,
     linear_bound,
+    value_roundoff,
 )
 from analysis.bounds.reverse_backward import reverse_backward_bound
 from analysis.precision import rounding_allowance
@@ -452,7 +453,11 @@ def _method_of(case: Case) -> str:
 def _two_runs(method, H, q, options, contract, observed=None, **kw):
     """The kernel's running bound plus the float32 reference's (both against the exact run);
     ``observed``: the kernel's own iterates (trajectory mode), checked step by step."""
-    args = dict(L=options["L"], mu=options["mu"], iters=options["iters"], **kw)
+    # H's values as received: rounded again where the contract's operand format is coarser
+    # (float32 inputs under bf16 operands or tf32)
+    args = dict(
+        L=options["L"], mu=options["mu"], iters=options["iters"], value_u=value_roundoff(H), **kw
+    )
     k = linear_bound(method, H, q, contract=contract, observed=observed, **args)
     r = linear_bound(method, H, q, contract=REFERENCE_CONTRACT, **args)
     return k, r
@@ -696,6 +701,9 @@ def _ridge_scales(case, rounded, contract, observed=None):
     out = []
     for c, obs in ((as_contract(contract), observed), (REFERENCE_CONTRACT, None)):
         rel = fro_error(H.shape[-1], c)
+        if not math.isfinite(rel):  # ||H||_F in bf16 (strict): no bound on lambda, none on x
+            out.append(torch.full(H.shape[:-2], math.inf, dtype=torch.float64))
+            continue
         run = linear_bound(
             "chebyshev",
             H,
@@ -708,6 +716,7 @@ def _ridge_scales(case, rounded, contract, observed=None):
             shift_error=lam * rel,
             param_rel_error=rel,
             observed=obs,
+            value_u=value_roundoff(H),
         )
         if obs is not None:
             note_trajectory(case, run)
@@ -1140,6 +1149,7 @@ class Report:
     seed: Optional[int] = None
     shrink_cases: int = 0  # of ``examples``, those run after the first failure (shrinking)
     trajectory: bool = False  # the kernel's iterates observed (check(trajectory=True))
+    trajectory_fallbacks: int = 0  # cases whose iterates could not be used (not deterministic)
 
     @property
     def verdict(self) -> str:
@@ -1173,6 +1183,11 @@ class Report:
             + (f" | seed {self.seed}" if self.seed is not None else "")
             + (" | trajectory observed" if self.trajectory else "")
         )
+        if self.trajectory_fallbacks:
+            head += (
+                f" ({self.trajectory_fallbacks} case{'s' if self.trajectory_fallbacks != 1 else ''} "
+                "not: runs that differ, bounded along the exact trajectory)"
+            )
         lines = [head, f"worst: {self.worst}" if self.worst else "worst: (no case ran)"]
         if self.failure:
             what = "shrunk counterexample" if self.shrunk else "first failing case (not shrunk)"
@@ -1264,7 +1279,7 @@ def run_case(
         k_out = _tuple(kernel(*rounded_in.values(), **opts))
         if outputs is not None:
             outputs.extend(k_out)
-    except Exception as e:  # noqa: BLE001 - a kernel that crashes is a finding
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a kernel that crashes is a finding
         return _crash(case, strategy, f"kernel raised {type(e).__name__}: {e}")
     changed = [k for k, v in saved.items() if not _same(v, rounded_in[k])]
     changed += [k for k, v in saved_opts.items() if not _same(v, opts[k])]
@@ -1321,9 +1336,12 @@ def run_case(
             )
     observed = None
     if trajectory and strategy.steps_option is not None:
+        # the outputs kept before the kernel runs again (it may reuse its output buffer)
+        k_out = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in k_out)
         observed = observe_trajectory(kernel, rounded_in, opts, strategy.steps_option, k_out[0])
         if isinstance(observed, str):
             return _crash(case, strategy, observed)
+        case.meta["trajectory_observed"] = observed is not None
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
     if observed is None:
@@ -1401,36 +1419,60 @@ OUTPUT_DTYPES = (torch.float64, torch.float32, torch.bfloat16)  # what the bound
 
 
 def observe_trajectory(kernel, inputs: dict, options: dict, steps: str, last: torch.Tensor):
-    """The kernel's iterates ``(r+1, *batch, D)``: its first output run with ``steps = 0, ...,
-    r - 1``, then ``last`` (its output of the r-step run), in the dtype it returned; or a message
-    (str) saying why they cannot be had: a crash, a shape or dtype that differs from the r-step
-    output's. The r-step run is repeated once: a kernel whose two runs differ is not
-    deterministic, and its i-step runs need not be the prefix of its r-step run, so no
-    trajectory is returned (None: the check falls back to the bound along the exact trajectory,
-    which holds for any run). That the i-step runs *are* the prefix is then checked step by
-    step against the running bound (``analysis.bounds.contract.linear_bound``, ``observed``)."""
+    """The kernel's iterates ``(r+1, *batch, D)``: copies of its first output run with ``steps =
+    0, ..., r - 1``, then ``last`` (its output of the r-step run), in the dtype it returned; or
+    a message (str) saying why a run is a finding: a crash, a shape or device that differs from
+    the r-step output's, an input or option tensor written in place. Every run gets fresh copies
+    of the inputs and option tensors. None (the check falls back to the bound along the exact
+    trajectory, which holds for any run) where the trajectory is not one the bound can use: a
+    step's output in another dtype than the r-step output's, or a repeated r-step run that
+    differs from the first (a kernel that is not deterministic).
+
+    Precondition of the bound built on the result (``analysis.bounds.contract.linear_bound``,
+    ``observed``): the i-step run computes the first i steps of the r-step run, as Chebyshev,
+    GD and AGD do; it is assumed, not checked. What is checked is that each i-step output lies
+    within its step's bound of the exact i-th iterate. A kernel whose i-step runs are correct
+    but round otherwise than its r-step run (a summation order chosen by the step count) can
+    only be held to a smaller bound than it needs: a false FAIL, never a false PASS."""
     r = options[steps]
     outs = []
     for i in (*range(r), r):
+        fresh = {k: v.clone() for k, v in inputs.items()}
+        opts = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in options.items()}
         try:
-            fresh = {k: v.clone() for k, v in inputs.items()}  # the bound reads the originals
-            out = _tuple(kernel(*fresh.values(), **{**options, steps: i}))[0]
-        except Exception as e:  # noqa: BLE001 - a crash is a finding
+            out = _tuple(kernel(*fresh.values(), **{**opts, steps: i}))[0]
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a crash is a finding
             return f"kernel raised {type(e).__name__}: {e} when run with {steps}={i}"
-        if not isinstance(out, torch.Tensor) or out.shape != last.shape or out.dtype != last.dtype:
+        written = [k for k, v in inputs.items() if not _same(v, fresh[k])]
+        written += [
+            k for k, v in options.items() if isinstance(v, torch.Tensor) and not _same(v, opts[k])
+        ]
+        if written:
+            return (
+                f"kernel modified its input {', '.join(map(repr, written))} in place when run "
+                f"with {steps}={i}"
+            )
+        if (
+            not isinstance(out, torch.Tensor)
+            or out.shape != last.shape
+            or out.device != last.device
+        ):
             got = (
-                f"{tuple(out.shape)} {out.dtype}"
+                f"shape {tuple(out.shape)} on {out.device}"
                 if isinstance(out, torch.Tensor)
                 else type(out).__name__
             )
             return (
-                f"kernel run with {steps}={i} returned {got}, its {steps}={r} run "
-                f"{tuple(last.shape)} {last.dtype}"
+                f"kernel run with {steps}={i} returned {got}, its {steps}={r} run shape "
+                f"{tuple(last.shape)} on {last.device}"
             )
-        outs.append(out)
-    if not _same(outs[-1], last):
+        if out.dtype != last.dtype:
+            return None
+        # a copy: a kernel may hand back the same buffer on every call (a CUDA-graph replay)
+        outs.append(out.detach().to("cpu", copy=True))
+    if not _same(outs[-1], last.detach().cpu()):
         return None
-    return torch.stack([o.detach().cpu() for o in outs[:-1]] + [last.detach().cpu()])
+    return torch.stack(outs[:-1] + [last.detach().to("cpu", copy=True)])
 
 
 def output_rounding_bound(y: torch.Tensor, dims: tuple) -> torch.Tensor:
@@ -1578,6 +1620,11 @@ def check(
     if examples is not None and examples < 1:
         raise ValueError(f"examples must be >= 1 (cases to draw), got {examples}")
     strategy = as_strategy(strategy, dtype, device)
+    if trajectory and strategy.steps_option is None:
+        raise ValueError(
+            f"trajectory=True needs a strategy whose iterations can be observed step by step "
+            f"(a steps_option: spd, gka_ridge); {strategy.name!r} has none"
+        )
     rep = Report(
         _name(kernel),
         _name(reference),
@@ -1612,6 +1659,8 @@ def check(
                 prepare=prepare,
                 trajectory=trajectory,
             )
+        if case.meta.pop("trajectory_observed", True) is False:
+            rep.trajectory_fallbacks += 1
         for f in found:
             rep.history.append(f)
             # the worst finding shown is the worst conclusive one (or a failure); a vacuous
