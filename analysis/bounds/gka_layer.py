@@ -9,11 +9,16 @@ is ``analysis.bounds.contract.linear_bound`` on the float64 system ``(H_t, q_t, 
 ||H_t||_F)`` -- the reference's own trajectory, the local errors propagated through the exact
 Chebyshev responses on A_t's eigenvalues -- with the layer's product given as ``H_error`` and the
 kernel's elementwise arrangement as ``extra_plain``, plus the output store. Its terms, u = 2^-24
-(float32), u_op = 2^-8 (bf16 operands; 0 for ``float32/ieee``), gamma_m = m u / (1 - m u)
-(Higham 2002, Lemma 3.1: a value through m roundings; a sum, in any order, whose every term
-passes through at most m roundings is within gamma_m of the sum of the terms' magnitudes, as in the
-proof of eq. (3.4); a product with a vector, eq. (3.11)); each rounding obeys the standard model
-eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and Gluon's ``/`` and
+(float32 on the CUDA cores: elementwise operations, ``tl.sum`` / ``gl.sum``), u_dot = 2^-23 (the
+float32 accumulation inside a tensor-core product, ``tl.dot`` and ``warpgroup_mma``: the tensor
+cores add with truncation, Fasi, Higham, Mikaitis and Pranesh 2021, so twice u; the convention of
+``analysis.bounds.kla_kernel``, :data:`U_DOT`), u_op = 2^-8 (bf16 operands; 0 for
+``float32/ieee``), gamma_m(w) = m w / (1 - m w), gamma_m = gamma_m(u) (Higham 2002, Lemma 3.1: a
+value through m roundings; a sum, in any order, whose every term passes through at most m
+roundings is within gamma_m of the sum of the terms' magnitudes, as in the proof of eq. (3.4); a
+product with a vector, eq. (3.11); a term through a roundings at u_dot and b at u within
+``(1 + gamma_a(u_dot))(1 + gamma_b) - 1``); each rounding obeys the standard model eq. (2.4) with
+its unit, but for the GPU's fast float32 division and square root (Triton's and Gluon's ``/`` and
 ``sqrt``: div.full.f32 within 2 ulps, sqrt.approx.f32 within 3), taken within ``U_FAST = 6u``:
 
 1. **The chunk state.** The states kernel walks ``S <- fl(zeta_C S) + K^T Kc`` in float32 (the
@@ -24,9 +29,11 @@ eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and
    rd the operand rounding (:func:`round_bf16`, exact; none in float32): centre Vm and half-width
    Vu, mostly one value, known. Around the state of the centres ``Sk <- zeta_C Sk + K^T Vm``
    (float64) the kernel's float32 state stays within the entrywise running bound ``delta <- zeta
-   (1 + e_gate)(1 + u) delta + zeta ((1 + e_gate)(1 + u) - 1) |Sk| + |K|^T Vu + gamma_{C+2} (zeta
-   (1 + e_gate)(1 + u)(|Sk| + delta) + |K|^T (|Vm| + Vu))`` (eq. (2.4) for the decay, eq. (3.4)
-   for the chunk's products added to the carried state). With bf16 operands the state is then
+   (1 + e_gate)(1 + u) delta + zeta ((1 + e_gate)(1 + u) - 1) |Sk| + |K|^T Vu + gamma_{C+2}(u_dot)
+   (zeta (1 + e_gate)(1 + u)(|Sk| + delta) + |K|^T (|Vm| + Vu))`` (eq. (2.4) for the decay, on the
+   CUDA cores; eq. (3.4) for the chunk's products added to the carried state, a ``tl.dot`` onto
+   the decayed state: at u_dot, the separate float32 addition of the float32 model included).
+   With bf16 operands the state is then
    **stored in bf16**: ``S_hat`` lies entrywise in ``[rd(Sk - delta), rd(Sk + delta)]``, centre
    ``S_m``, half-width ``U`` (float32: ``S_m = Sk``, ``U = delta``). So ``S_hat = S + E0 + dU``,
    S the exact state, ``E0 = S_m - S`` a *known* matrix (the actual rounding of the actual state
@@ -35,8 +42,10 @@ eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and
    componentwise ``|E0| |xi|`` or ``u_op |S| |xi|`` would ignore, adding them up: several times
    larger at D = 128) and ``U^T |xi|``.
 2. **The masked chunk product** ``A_j = op(fl(P_j Mt_tj))``, ``P_j = fl(k_j . xi)``:
-   ``A_j = m_j (k_j . xi + e_j)(1 + theta_j)``, ``|theta_j| <= ubar = (1 + u_op)(1 + u)(1 + e_m) - 1``,
-   ``|e_j| <= gamma_D |k_j|^T |xi|`` (eq. (3.4)). The theta part is ``F^T diag(theta) F xi`` with
+   ``A_j = m_j (k_j . xi + e_j)(1 + theta_j)``, ``|theta_j| <= ubar = (1 + u_op)(1 + u)(1 + e_m) - 1``
+   (the operand rounding and the mask's elementwise product), ``|e_j| <= gamma_D(u_dot) |k_j|^T
+   |xi|`` (eq. (3.4); ``k_j . xi`` is a tensor-core product). The theta part is
+   ``F^T diag(theta) F xi`` with
    ``F = diag(sqrt m) K``, ``F^T F = B_t = sum_{c0<=j<=t} m_j k_j k_j^T`` the chunk's part of H_t
    (only the chunk's <= C keys, their signs kept). By the polar decomposition ``F^T = B_t^(1/2) V``
    and, as ``B_t <= H_t`` (H_t - B_t = zeta_t S is positive semidefinite), Douglas' lemma
@@ -44,22 +53,30 @@ eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and
    ||F xi|| <= ubar ||B_t||_2^(1/2) ||xi||``: ``linear_bound``'s ``H_error_range = (ubar
    ||B_t||^(1/2), 0)``, whose channel is not amplified on H_t's small eigenvalues (on the first
    tokens, where H_t has rank t, a plain ``ubar ||B_t|| ||xi||`` made the bound 3-5 times larger).
-   The e part is ``<= (1 + ubar) gamma_D |B|~_t |xi|`` (|B|~: absolute keys), in ``H_error``.
+   The e part is ``<= (1 + ubar) gamma_D(u_dot) |B|~_t |xi|`` (|B|~: absolute keys), in
+   ``H_error``.
 3. **The accumulation** of ``zeta S_hat^T xi + sum_j A_j k_j - s q`` in float32 (D + C + 1 terms
    of bf16 x bf16 products, exact in float32, or float32 products; the gate multiplication):
-   ``gamma_{D+C+4} (zeta (1 + e_z)(|S_m| + U) + (1 + ubar)(1 + gamma_D) |B|~_t) |xi|`` and, for
-   the q term, ``gamma_{D+C+4} s |q|`` (in ``extra_plain``); the gate's own error ``e_z zeta
-   (|S_m| + U) |xi|``.
-   So ``H_error = zeta (U + ||E0||_2 I) + (1 + ubar) gamma_D |B|~_t + gamma_{D+C+4} (...) + e_z
+   ``g_acc (zeta (1 + e_z)(|S_m| + U) + (1 + ubar)(1 + gamma_D(u_dot)) |B|~_t) |xi|`` and, for
+   the q term, ``g_acc s |q|`` (in ``extra_plain``), ``g_acc = gamma_{D+C+4}(u_dot)``; the gate's
+   own error ``e_z zeta (|S_m| + U) |xi|``. The D- and C-term sums are tensor-core products
+   accumulating onto each other (``mm_acc``, ``warpgroup_mma(..., acc)``); the at most two
+   roundings a term meets on the CUDA cores (the gated Triton path's ``fl(zeta fl(xi S))`` and
+   ``+ (-s q)``, the float32 model's ``acc + mm(...)``) are charged at u_dot too, the larger unit.
+   So ``H_error = zeta (U + ||E0||_2 I) + (1 + ubar) gamma_D(u_dot) |B|~_t + g_acc (...) + e_z
    zeta (|S_m| + U)``, for ``xi`` the operand as rounded (the operand channel of
    ``linear_bound``: ``|xi_hat - s x| <= u_op |s x|``).
 4. **lambda_t and the step** from the kernel's eq. (5) norm, evaluated in float32 on S_hat:
    ``||zeta S_hat + B_t||_F`` is within ``zeta (||E0||_F + ||U||_F)`` of ``||H_t||_F``; eq. (5)'s
    three sums of products (``||S_hat||_F^2``: D^2 exact squares; ``sum_j m_j k_j^T S_hat k_j``;
    ``||B_t||_F^2`` from the Gram matrix) add ``dev2 = ((1 + e_z)^2 (1 + gamma_{D^2+5}) - 1)
-   zeta^2 ||S_hat||_F^2 + ((1 + e_z)(1 + e_m)(1 + gamma_{2D+C+8}) - 1) 2 zeta sum_j m_j
-   |k_j|^T |S_hat| |k_j| + ((1 + e_m)^2 (1 + gamma_{2D+2C+10}) - 1) || |B|~_t ||_F^2`` to the
-   square, ``|sqrt(a') - sqrt(a)| <= |a' - a| / sqrt(a)``, and the fast root adds U_FAST:
+   zeta^2 ||S_hat||_F^2 + ((1 + e_z)(1 + e_m)(1 + gamma_D(u_dot))(1 + gamma_{D+C+8}) - 1) 2 zeta
+   sum_j m_j |k_j|^T |S_hat| |k_j| + ((1 + e_m)^2 (1 + gamma_{2D+C}(u_dot))(1 + gamma_{C+10}) - 1)
+   || |B|~_t ||_F^2`` to the square (``||S_hat||_F^2`` is summed on the CUDA cores; ``S_hat k_j``
+   and the Gram matrix ``k_i . k_j``, squared, are tensor-core products of D terms, and so is the
+   Triton kernel's C-term ``M W`` (``tl.dot``; the warp-group MMA kernel sums it with ``gl.sum``);
+   the other sums are ``tl.sum`` / ``gl.sum``), ``|sqrt(a') - sqrt(a)| <= |a' - a| / sqrt(a)``,
+   and the fast root adds U_FAST:
    ``dfro = zeta (||E0||_F + ||U||_F) + dev2 / f_lo + U_FAST f_hi``, f_lo / f_hi the bounds on
    ``||zeta S_hat + B_t||_F``. The kernel's step ``s = fl(2/(1+2a)) / fro_hat`` (a fast division:
    ``theta_s = (1 + u)(1 + U_FAST) - 1``) and ``s lambda = fl(2a/(1+2a))`` make its shift
@@ -90,8 +107,15 @@ eq. (2.4), but for the GPU's fast float32 division and square root (Triton's and
    store in ``out_dtype``: :func:`analysis.bounds.contract.store_error_bound` (half a spacing at the
    value, with the drift).
 
-The float32 accumulation is modelled as IEEE round to nearest (as every contract bound here); the
-float64 evaluation (trajectory, eigenvalues, norms) is inside ``contract.SAFETY``.
+The float32 arithmetic on the CUDA cores (elementwise operations, ``tl.sum`` / ``gl.sum``, the
+fast division and root apart) is IEEE round to nearest, u = 2^-24. The float32 accumulation inside
+a tensor-core product (``tl.dot``, ``warpgroup_mma``: the chunk state's walk, ``k_j . xi``, the
+accumulation of the product H xi, eq. (5)'s ``S k_j``, Gram matrix and ``M W``) is not: the tensor
+cores add with truncation (Fasi et al. 2021), charged u_dot = 2^-23 per rounding as in
+``analysis.bounds.kla_kernel`` (items 1-4). A ``tl.dot`` with ``input_precision="ieee"`` on
+float32 operands may run on the CUDA cores instead; it is charged u_dot all the same (the bound
+does not depend on how Triton lowers it). The float64 evaluation (trajectory, eigenvalues, norms)
+is inside ``contract.SAFETY``.
 
 The layer's output ``y_t = U_t x_t`` has a bound of its own on top of this one
 (``analysis.bounds.gka_layer_output``); :func:`chunk_state_bound` serves both states.
@@ -109,9 +133,12 @@ from analysis.precision import gamma
 from solvers import validation as _v
 
 from .contract import linear_bound, store_error_bound
+from .kla_kernel import U_DOT
 
 F64 = torch.float64
-U32 = 2.0**-24
+U32 = 2.0**-24  # float32 on the CUDA cores (round to nearest)
+# U_DOT (2^-23, from analysis.bounds.kla_kernel): the float32 accumulation inside a tensor-core
+# product (tl.dot, warpgroup_mma), which truncates (module docstring)
 U_BF16 = 2.0**-8
 # the kernels' contracts (kernels.gka_layer.CONTRACTS) and the linear_bound preset of each
 CONTRACTS = {"bfloat16/operands": "bfloat16/operands", "float32/ieee": "float32"}
@@ -209,7 +236,10 @@ def chunk_state_bound(
     Dl = left.shape[-1]
     rnd = round_bf16 if u_op > 0 else (lambda t: t)
     e_key = (1 + e_gate) * (1 + U32) ** 2 - 1 if gated else 0.0
-    g_dot = gamma(C + 2, U32)  # a chunk's C products (rounded in float32 too) added to the state
+    # a chunk's C products (rounded in float32 too) added to the state: a tensor-core product
+    # accumulating onto the decayed state (mm_acc), or in the float32 model a tl.dot and one float32
+    # addition, charged at the larger unit U_DOT (module docstring, 1.)
+    g_dot = gamma(C + 2, U_DOT)
     S = torch.zeros(N, nc, Dl, D, dtype=F64)
     Sk, delta = torch.zeros_like(S), torch.zeros_like(S)
     cur, cur_k, cur_d = (torch.zeros(N, Dl, D, dtype=F64) for _ in range(3))
@@ -348,8 +378,10 @@ def layer_token_bound(
         fSh = torch.maximum(fSh, torch.linalg.matrix_norm(Sk) + torch.linalg.matrix_norm(dl))
 
     ubar = (1 + u_op) * (1 + U32) * (1 + e_m) - 1
-    gD = gamma(D, U32)
-    g_acc = gamma(D + C + 4, U32)
+    gD = gamma(D, U_DOT)  # k_j . xi: a tensor-core product (module docstring, 2.)
+    # the accumulation of the product (module docstring, 3.): tensor-core sums onto each other; the
+    # at most two CUDA-core roundings a term meets are charged at the larger unit U_DOT too
+    g_acc = gamma(D + C + 4, U_DOT)
     ss = 2.0 / (1.0 + 2.0 * a)
     dw_rel, dw_abs = _omega_extra(a, iters)
     # the kernel's shift step_lam / s: fl(fl64(2a/(1+2a))) over fl(fl(2/(1+2a)) / fro_hat)
@@ -388,13 +420,15 @@ def layer_token_bound(
         # 4. the kernel's ||H_t||_F
         zf = zeta * fE0[:, c]
         quad = ((Kt.abs() @ Shabs[:, c]) * Kt.abs()).sum(-1)  # |k_j|^T |S_hat| |k_j|
+        # (module docstring, 4.) ||S_hat||_F^2 on the CUDA cores; S_hat k_j (D terms) and the Gram
+        # matrix (D terms, squared: 2D), with the Triton kernel's M W (C terms): tensor-core sums
         dev2 = (
             ((1 + e_z) ** 2 * (1 + gamma(D * D + 5, U32)) - 1) * (zeta * fSh[:, c]) ** 2
-            + ((1 + e_z) * (1 + e_m) * (1 + gamma(2 * D + C + 8, U32)) - 1)
+            + ((1 + e_z) * (1 + e_m) * (1 + gamma(D, U_DOT)) * (1 + gamma(D + C + 8, U32)) - 1)
             * 2
             * zeta
             * (m * quad).sum(-1)
-            + ((1 + e_m) ** 2 * (1 + gamma(2 * D + 2 * C + 10, U32)) - 1)
+            + ((1 + e_m) ** 2 * (1 + gamma(2 * D + C, U_DOT)) * (1 + gamma(C + 10, U32)) - 1)
             * torch.linalg.matrix_norm(Ba) ** 2
         )
         if f32_states:

@@ -22,7 +22,8 @@ The bound (:func:`layer_dq_bound`), per token t:
 1. **The cotangent.** ``||dx_hat_t - dx_t|| <= E_dx,t`` (:func:`cotangent_bound`). The value state
    R32 lies entrywise in ``[Rk - dR, Rk + dR]`` around the float64 state Rk of the kernel's own
    coefficient keys (``analysis.bounds.gka_layer.chunk_state_bound`` with V, ``store=False``:
-   Higham 2002 eq. (2.4) for the decay, eq. (3.4) for the chunk's sums); ``Rk - R`` is a known
+   Higham 2002 eq. (2.4) for the decay, eq. (3.4) for the chunk's sums, which ``states_kernel``
+   accumulates on the tensor cores: u_dot = 2^-23, truncation); ``Rk - R`` is a known
    matrix, so its effect ``zeta_t (Rk - R)^T dy_t`` enters as the norm of a known vector, and
    ``zeta_t dR^T |dy_t|``. The float32 evaluation: each state term passes through ``Dv + 2``
    roundings (``zeta dy``, the product, the sum of Dv + 1 terms) and the gate's
@@ -31,10 +32,14 @@ The bound (:func:`layer_dq_bound`), per token t:
    (gamma_{C + Dv + 2}, Lemma 3.1 with ``(1 + gamma_a)(1 + gamma_b) <= 1 + gamma_{a+b}``). So
    ``E_dx = zeta ||(Rk - R)^T dy|| + || zeta dR^T |dy| + eps_s zeta (|Rk| + dR)^T |dy| + eps_i
    sum_j m_j (|v_j| . |dy|) |k_j| ||`` with ``eps_s = (1 + e_z)(1 + gamma_{Dv+2}) - 1`` and
-   ``eps_i = (1 + gamma_Dv)(1 + e_m)(1 + u)^3 (1 + gamma_{C+Dv+2}) - 1``. (PyTorch's float32
-   matmul on the GPU is IEEE float32 unless TF32 is switched on, which this bound excludes.)
+   ``eps_i = (1 + gamma_Dv)(1 + e_m)(1 + u)^3 (1 + gamma_{C+Dv+2}) - 1``, u = 2^-24: PyTorch's
+   float32 matmuls, which the backward runs at precision "highest"
+   (``kernels._launch.ieee_float32_matmuls``: no TF32), are cuBLAS SGEMMs on the CUDA cores,
+   fused multiply-adds rounding to nearest, not tensor-core products (which truncate; those are
+   the states' and the solve's, charged u_dot in ``analysis.bounds.gka_layer``).
 2. **The solve on the computed cotangent.** LTB (``analysis.bounds.gka_layer.layer_token_bound``,
-   its module docstring derives every term) on the float64 system ``(H_t, dx_t, lambda_t)``:
+   its module docstring derives every term, the tensor-core accumulations at u_dot = 2^-23) on
+   the float64 system ``(H_t, dx_t, lambda_t)``:
    the same product error (chunk state, masked chunk product, accumulation, gates), the same
    lambda_t and step from eq. (5), the same elementwise arithmetic, with three changes:
    (a) the right-hand side is float32 and enters the kernel unrounded (no bf16 operand: it is

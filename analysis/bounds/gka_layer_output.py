@@ -7,8 +7,9 @@ iterate, from the same inputs.
 solve, ``y = zeta_t R_hat^T xi + sum_{c0<=j<=t} A_j v_j`` in float32 with ``xi`` the stored x
 (``x_hat``, as the kernel returns it, as a product operand), ``R_hat`` the stored chunk-start value
 state and ``A_j = op(fl(fl(k_j . xi) Mt_tj))`` the masked chunk product (kernels/gka_layer_fwd.py,
-``HAS_Y``; kernels/gka_layer_wgmma.py, ``HAS_Y``), then store y in ``out_dtype``. With u, u_op,
-gamma_m, ubar, e_gate, e_z, e_m as in ``analysis.bounds.gka_layer`` (Higham 2002: the standard
+``HAS_Y``; kernels/gka_layer_wgmma.py, ``HAS_Y``), then store y in ``out_dtype``. With u, u_dot,
+u_op, gamma_m, ubar, e_gate, e_z, e_m as in ``analysis.bounds.gka_layer`` (u = 2^-24 on the CUDA
+cores, u_dot = 2^-23 for the accumulation inside a tensor-core product; Higham 2002: the standard
 model eq. (2.4), Lemma 3.1, eq. (3.4) for sums, eq. (3.11) for products with a vector), and
 ``U_t = zeta_t R + sum_j m_j v_j k_j^T`` the exact value state:
 
@@ -26,22 +27,30 @@ model eq. (2.4), Lemma 3.1, eq. (3.4) for sums, eq. (3.11) for products with a v
    centre Rm and the half-width RU of the interval ``R_hat`` lies in, entrywise (LTB item 1). With
    ``E0 = Rm - R`` known: ``||(R_hat - R) xi|| <= ||E0||_2 ||xi|| + || RU |xi| ||``.
 2. **The masked chunk product** (LTB item 2): ``A_j = m_j (k_j . xi + e_j)(1 + theta_j)``,
-   ``|theta_j| <= ubar``, ``|e_j| <= gamma_D |k_j|^T |xi|`` (eq. (3.4)). The theta part,
+   ``|theta_j| <= ubar``, ``|e_j| <= gamma_D(u_dot) |k_j|^T |xi|`` (eq. (3.4); ``k_j . xi`` is a
+   tensor-core product). The theta part,
    ``G^T diag(theta) F xi`` with ``F = diag(sqrt m) K``, ``G = diag(sqrt m) V``, is at most
    ``ubar ||V^T diag(m) V||_2^(1/2) ||F xi||`` and at most ``ubar || |V|^T (m |K xi|) ||``
-   (componentwise); the smaller is taken. The e part: ``(1 + ubar) gamma_D || |V|^T (m |K| |xi|) ||``.
+   (componentwise); the smaller is taken. The e part: ``(1 + ubar) gamma_D(u_dot) || |V|^T (m |K|
+   |xi|) ||``.
 3. **The float32 accumulation** (eq. (3.4)): every term of y passes through at most D + C + 2
    roundings (the product, the D-term and C-term sums, the gate, the sum of the two parts; the
-   tensor cores' accumulation onto the first part counted too): ``gamma_{D+C+4} || zeta (1 + e_z)
-   |R_hat| |xi| + (1 + ubar)(1 + gamma_D) |V|^T (m |K| |xi|) ||``, and the gate's own error ``e_z
-   zeta |R_hat| |xi|`` (Triton multiplies the state part by the float32 zeta_t).
+   tensor cores' accumulation onto the first part counted too): ``gamma_{D+C+4}(u_dot) || zeta (1 +
+   e_z) |R_hat| |xi| + (1 + ubar)(1 + gamma_D(u_dot)) |V|^T (m |K| |xi|) ||``, and the gate's own
+   error ``e_z zeta |R_hat| |xi|`` (Triton multiplies the state part by the float32 zeta_t). The
+   sums are tensor-core products (``X R^T`` and ``A V`` accumulating onto it: ``mm_acc``,
+   ``warpgroup_mma(..., acc)``), which truncate; the one or two roundings on the CUDA cores (the
+   gated Triton path's ``fl(zeta fl(X R^T))``, the float32 model's ``Y + mm(A, V)``) are charged
+   at u_dot too, the larger unit.
 4. **The store** of y in ``out_dtype``: ``analysis.bounds.contract.store_error_bound`` at y with
    the drift 0.-3. (float32: none, the accumulator is float32).
 
 Where only ``||xi - x||`` is known, every ``|xi|`` above is taken as ``|x| + d``, ``||d|| <=
 E_xi``: ``|| M |xi| || <= || M |x| || + ||M||_2 E_xi`` for an entrywise non-negative M. The float64
-evaluation (reference, norms) is inside ``contract.SAFETY``; float32 accumulation is modelled as
-IEEE round to nearest, as LTB.
+evaluation (reference, norms) is inside ``contract.SAFETY``. As in LTB, float32 arithmetic on the
+CUDA cores is IEEE round to nearest (u) and the float32 accumulation inside a tensor-core product
+(``tl.dot``, ``warpgroup_mma``: the value state's walk, ``k_j . xi``, y's sums) truncates (Fasi
+et al. 2021), charged u_dot = 2^-23 as in ``analysis.bounds.kla_kernel``.
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ from .gka_layer import (
     F64,
     U32,
     U_BF16,
+    U_DOT,
     _gate_error,
     chunk_state_bound,
     chunked,
@@ -159,8 +169,9 @@ def layer_output_bound(
     Rabs = Rm.abs() + RU  # >= |R_hat|
 
     ubar = (1 + u_op) * (1 + U32) * (1 + e_m) - 1
-    gD = gamma(D, U32)
-    g_acc = gamma(D + C + 4, U32)
+    gD = gamma(D, U_DOT)  # k_j . xi: a tensor-core product (module docstring, 2.)
+    # y's sums: tensor-core products onto each other, CUDA-core roundings charged at U_DOT (3.)
+    g_acc = gamma(D + C + 4, U_DOT)
     tk = ltb.tokens
     ys, bounds = [], []
     for i in range(0, tk.numel(), batch):
