@@ -118,18 +118,17 @@ def test_observed_must_have_the_trajectory_shape():
         linear_bound("chebyshev", H, q, observed=torch.zeros(3, 3, dtype=torch.int64), **kw)
 
 
-def _check(kernel, reference, strategy, contract, **kw):
+def _check(kernel, reference, strategy, contract, *, precision="bfloat16", trajectory=True):
     return harness.check(
         kernel,
         reference,
         strategy,
-        precision="bfloat16",
+        precision=precision,
         model=contract,
         device="cpu",
         shrink=False,
         seed=SEED,
-        trajectory=True,
-        **kw,
+        trajectory=trajectory,
     )
 
 
@@ -266,15 +265,12 @@ def test_float32_inputs_under_a_coarser_operand_format_pass(contract, trajectory
         ),
         (emulate.gka_ridge, harness.gka_ridge_reference, harness.gka_ridge(max_d=16, max_batch=2)),
     ):
-        rep = harness.check(
+        rep = _check(
             emulate.bind(fn, contract),
             ref,
             strategy,
+            contract,
             precision="float32",
-            model=contract,
-            device="cpu",
-            shrink=False,
-            seed=SEED,
             trajectory=trajectory,
         )
         assert rep.verdict != FAIL, str(rep)
