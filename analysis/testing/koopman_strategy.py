@@ -39,9 +39,9 @@ of r terms, whose rounding bound exceeds |y| wherever the terms cancel).
 The bound
 ---------
 :func:`analysis.bounds.koopman.readout_bound` (its module docstring derives it: a proof to all
-orders under stated hypotheses, for the kernel's one-tile path with correctly rounded scalar
-operations; its known gaps are listed there) for the kernel's contract plus the float32
-reference's;
+orders under stated hypotheses, for the kernel's one-tile path, its divisions and square roots
+charged the GPU's fast ``div.full.f32`` / ``sqrt.approx.f32`` error; what stays outside it is
+listed there) for the kernel's contract plus the float32 reference's;
 :func:`analysis.bounds.koopman.model_bound` keeps the first-order model of earlier versions
 (``harness.koopman(bound="model")``).
 
@@ -340,8 +340,8 @@ def koopman_strategy(
         doc="Echo SKA readouts f(G, M, Cv, zq, *, scale, K, eta, gamma); bound: "
         + (
             "a proof to all orders under stated hypotheses (Higham Thms 10.3, 8.5, 10.8; eq. (12)'s "
-            "power estimate bracketed; the kernel's blocked path and the GPU's fast division "
-            "outside them), INCONCLUSIVE where a condition fails"
+            "power estimate bracketed; the GPU's fast division and root charged; the kernel's "
+            "blocked path outside them), INCONCLUSIVE where a condition fails"
             if bound == "proof"
             else "the allowance (K + 2) kappa(G~), n = r, times the factor norms of y "
             "(a first-order model)"
@@ -355,7 +355,7 @@ def koopman_strategy(
 def koopman_scales(case, rounded, contract) -> tuple:
     """y: the kernel's bound (:func:`readout_bound`, ``algorithm="either"``, its products under
     ``contract``) plus the float32 reference's (``algorithm="solves"``): a proof under the
-    hypotheses of :mod:`analysis.bounds.koopman` (its known gaps listed there)."""
+    hypotheses of :mod:`analysis.bounds.koopman` (what stays outside them listed there)."""
     o = case.options
     args = (rounded["G"], rounded["M"], rounded["Cv"], rounded["zq"])
     kw = dict(scale=o["scale"], K=o["K"], eta=o["eta"], gamma=o["gamma"])
