@@ -276,6 +276,7 @@ class KernelHarness:
         prepare: Optional[Callable] = None,
         shrink: bool = True,
         triton: Optional[bool] = None,
+        trajectory: bool = False,
         **sizes,
     ):
         """Run :func:`analysis.testing.harness.check` and return its Report (no assertion).
@@ -284,7 +285,8 @@ class KernelHarness:
         ``harness.STRATEGIES`` (with ``sizes``) or a Strategy; ``model``: the kernel's precision
         contract; ``precision``: its input dtype; ``examples``: cases (default: the loaded
         hypothesis profile's, 12 under ``svt-ci``); ``seed``: draw from this seed; ``prepare``:
-        fair-pairing hook; ``triton``: whether the kernel needs Triton (None: detect)."""
+        fair-pairing hook; ``triton``: whether the kernel needs Triton (None: detect);
+        ``trajectory``: the harness's trajectory mode (every step count run and checked)."""
         kernel, reference = self._callable(kernel, "kernel"), self._callable(reference, "reference")
         self.skip_unless_runnable(kernel, triton)
         strat = self.strategy(strategy, precision=precision, **sizes)
@@ -300,6 +302,7 @@ class KernelHarness:
             shrink=shrink,
             seed=seed,
             prepare=prepare,
+            trajectory=trajectory,
         )
 
     def assert_matches(

@@ -298,6 +298,14 @@ def test_diff_ratio_change_and_only_in_one():
     res = kernel_diff.compare(old, new)
     assert res["worse"] == 0 and res["ratio_changed"] == 1 and res["same_cases"]
     assert res["rows"][0]["change"] == "ratio x3" and res["rows"][1]["change"] == "only in NEW"
+    assert res["same_mode"]  # neither ran in trajectory mode (an old report has no key)
+    traj = dict(new, settings={**new["settings"], "trajectory": True})
+    res = kernel_diff.compare(old, traj)
+    assert not res["same_mode"]
+    text = kernel_diff.format_comparison(
+        dict(old, kernel="k", reference="r"), dict(traj, kernel="k", reference="r"), res, "o", "n"
+    )
+    assert "one report ran in trajectory mode" in text
     assert kernel_diff.compare(old, new, ratio_change=5.0)["ratio_changed"] == 0
 
 
@@ -374,8 +382,9 @@ def test_trajectory_mode_is_recorded_and_catches_the_broken_kernel(user_dir, cap
     """``--trajectory`` reaches the harness (the report's settings say so); the correct kernel
     still PASSes and the half-iteration one FAILs."""
     out = str(tmp_path / "t.json")
-    code, _, _ = _check("cheb", out, capsys, "--trajectory")
+    code, stdout, _ = _check("cheb", out, capsys, "--trajectory")
     rep = json.loads(pathlib.Path(out).read_text())
     assert code == 0 and rep["settings"]["trajectory"] is True
+    assert "trajectory mode" in stdout.splitlines()[0]
     code, _, _ = _check("half", out, capsys, "--trajectory")
     assert code == 1

@@ -377,3 +377,38 @@ def test_trajectory_needs_a_strategy_with_steps():
         harness.check(
             _float32_chebyshev, solvers.kla_chunkwise, harness.kla(), trajectory=True, examples=1
         )
+
+
+def test_trajectory_must_be_a_bool():
+    with pytest.raises(TypeError, match="trajectory must be True or False"):
+        harness.check(_float32_chebyshev, solvers.chebyshev, harness.spd(), trajectory="yes")
+
+
+def test_run_case_checks_trajectory_too():
+    case = harness.spd_case(4, (1,), 10.0, iters=3, seed=0)
+    with pytest.raises(TypeError, match="trajectory must be True or False"):
+        harness.run_case(
+            _float32_chebyshev,
+            solvers.chebyshev,
+            harness.spd(),
+            case,
+            precision=torch.bfloat16,
+            model="float32",
+            device="cpu",
+            trajectory="no",
+        )
+
+
+def test_the_pytest_plugin_takes_trajectory(kernel_harness):
+    rep = kernel_harness.check(
+        _float32_chebyshev,
+        solvers.chebyshev,
+        "spd",
+        model="float32",
+        examples=3,
+        trajectory=True,
+        max_d=4,
+    )
+    assert rep.trajectory and rep.verdict == PASS, str(rep)
+    steps = [f for f in rep.history if " at step " in f.output]
+    assert steps and all(f.reference_norm > 0 for f in steps)  # bound/||x_i|| is printed

@@ -492,7 +492,8 @@ def summary(report: dict) -> str:
     lines = [
         f"{report['kernel']} like {report['reference']} (strategy {report['strategy']}, "
         f"{report['settings']['max_examples']} cases per run, seed {report['settings']['seed']}, "
-        f"device {report['settings']['device']})",
+        f"device {report['settings']['device']}"
+        f"{', trajectory mode' if report['settings'].get('trajectory') else ''})",
         "",
         format_runs(report["runs"]),
         "",

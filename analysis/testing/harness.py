@@ -465,7 +465,7 @@ def _two_runs(method, H, q, options, contract, observed=None, **kw):
 
 def note_trajectory(case: Case, run) -> None:
     """Record in ``case.meta["trajectory"]`` the worst step of a ``linear_bound`` run given the
-    kernel's iterates (``run.departed``): ``(step, system, ratio, error, bound)``, the first step
+    kernel's iterates (``run.departed``): ``(step, system, ratio, error, bound, ||x_step||)``, the first step
     of the largest ratio. :func:`run_case` reports it as the finding ``x at step i of r``, a FAIL
     when the ratio exceeds 1 (the kernel left its bound there, and the final bound, built on
     its values, is void)."""
@@ -476,7 +476,8 @@ def note_trajectory(case: Case, run) -> None:
     system = int(torch.argmax(d[step]))
     ratio = float(d[step, system])
     bound = float(run.bound[step].reshape(-1)[system])
-    case.meta["trajectory"] = (step, system, ratio, ratio * bound, bound)
+    size = float(torch.linalg.vector_norm(run.x[step], dim=-1).reshape(-1)[system])
+    case.meta["trajectory"] = (step, system, ratio, ratio * bound, bound, size)
 
 
 def _solve_scales(case, rounded, contract, observed=None):
@@ -1112,6 +1113,9 @@ class Finding:
     vacuous: bool = False
     crash: str = ""
     snippet: str = ""
+    # trajectory mode only: whether the case's bound used the kernel's iterates (False: it fell
+    # back to the exact trajectory's bound, the kernel's runs differing)
+    trajectory_observed: Optional[bool] = None
 
     @property
     def failed(self) -> bool:
@@ -1260,6 +1264,8 @@ def run_case(
     ``outputs``: a list that receives the kernel's outputs, for a caller that measures more than
     the bound without running the kernel twice."""
     _callables(kernel=kernel, reference=reference)
+    if not isinstance(trajectory, bool):
+        raise TypeError(f"trajectory must be True or False, got {trajectory!r}")
     contract = as_contract(model)
     precision = input_dtype(precision)
     device = _checked_device(device)
@@ -1341,7 +1347,7 @@ def run_case(
         observed = observe_trajectory(kernel, rounded_in, opts, strategy.steps_option, k_out[0])
         if isinstance(observed, str):
             return _crash(case, strategy, observed)
-        case.meta["trajectory_observed"] = observed is not None
+
     exact = {k: v.to(torch.float64) for k, v in rounded_in.items()}
     prepared = Case(case.inputs, opts, case.label, case.meta, case.build, case.build_kwargs)
     if observed is None:
@@ -1350,7 +1356,7 @@ def run_case(
         scales = strategy.scales(prepared, exact, contract, observed=observed)
     steps = []
     if observed is not None and "trajectory" in prepared.meta:
-        step, system, ratio, error, bound = prepared.meta.pop("trajectory")
+        step, system, ratio, error, bound, size = prepared.meta.pop("trajectory")
         f = Finding(
             ratio,
             f"{strategy.outputs[0]} at step {step} of {opts[strategy.steps_option]}",
@@ -1358,6 +1364,7 @@ def run_case(
             error,
             bound,
             case.label,
+            reference_norm=size,  # the exact i-th iterate's: not a vacuity test, a scale
         )
         if f.failed:  # the final bound rests on the kernel's values: void from this step on
             f.snippet = case.snippet()
@@ -1412,6 +1419,9 @@ def run_case(
         if f.failed:
             f.snippet = case.snippet()
         findings.append(f)
+    if trajectory and strategy.steps_option is not None:
+        for f in findings + steps:
+            f.trajectory_observed = observed is not None
     return findings + steps
 
 
@@ -1611,6 +1621,8 @@ def check(
     dtype = input_dtype(precision)
     contract = as_contract(model)
     device = _checked_device(device)
+    if not isinstance(trajectory, bool):
+        raise TypeError(f"trajectory must be True or False, got {trajectory!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise TypeError(f"seed must be an int or None, got {seed!r}")
     if examples is not None and (
@@ -1659,8 +1671,6 @@ def check(
                 prepare=prepare,
                 trajectory=trajectory,
             )
-        if case.meta.pop("trajectory_observed", True) is False:
-            rep.trajectory_fallbacks += 1
         for f in found:
             rep.history.append(f)
             # the worst finding shown is the worst conclusive one (or a failure); a vacuous
@@ -1714,6 +1724,8 @@ def check(
     except Exception as e:  # noqa: BLE001 - a failure of the strategy or reference is reported, not raised
         rep.error = f"{type(e).__name__}: {e}"
     rep.vacuous_cases = len(state["vacuous"])
+    # counted here, not in the property: the derandomised cases hang on the property's source
+    rep.trajectory_fallbacks = len({f.case for f in rep.history if f.trajectory_observed is False})
     return rep
 
 
@@ -1805,9 +1817,12 @@ strategies (--strategy; the kernel is called as the reference is):
   spd           Chebyshev / GD / AGD f(H, q, *, L, mu, iters): running bound of the contract
   spd_nobounds  CG f(H, q, *, iters): CG's finite-precision convergence bound (a model)
   spd_backward  f(H, q, grad_x, *, L, mu, iters, method) -> (dq, dH)
-  gka_ridge     f(H, q, *, a, iters) solving (H + a ||H||_F I) x = q (GKA eq. (4))
+  gka_ridge     f(H, q, *, a, iters) solving (H + a ||H||_F I) x = q (GKA eq. (4)); reference
+                analysis.testing.harness:gka_ridge_reference
   kla           f(q, k, v, *, alpha, eta, eps, chunk_size) -> (o, S_T)
-  koopman       f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y (Echo eq. (13)): allowance model
+  koopman       f(G, M, Cv, zq, *, scale, K, eta, gamma) -> y (Echo eq. (13)): an all-orders
+                bound (a proof under Higham's backward errors); INCONCLUSIVE where it is vacuous
+spd and gka_ridge take --trajectory: every step count run, each step held to its bound
 
 verdicts: PASS every output within its bound, every bound conclusive; FAIL an output beyond its
 bound, a NaN, a crash or a wrong shape (printed with a snippet that rebuilds the case);

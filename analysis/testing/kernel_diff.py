@@ -126,6 +126,8 @@ def compare(old: dict, new: dict, *, ratio_change: float = DEFAULT_RATIO_CHANGE)
         )
     overall_worse = VERDICT_RANK[new["verdict"]] > VERDICT_RANK[old["verdict"]]
     same_cases = all(old["settings"].get(s) == new["settings"].get(s) for s in CASE_SETTINGS)
+    # reports written before trajectory mode have no key: read as off
+    same_mode = bool(old["settings"].get("trajectory")) == bool(new["settings"].get("trajectory"))
     return {
         "rows": rows,
         "old_verdict": old["verdict"],
@@ -135,6 +137,7 @@ def compare(old: dict, new: dict, *, ratio_change: float = DEFAULT_RATIO_CHANGE)
         "ratio_changed": moved,
         "overall_worse": overall_worse,
         "same_cases": same_cases,
+        "same_mode": same_mode,
     }
 
 
@@ -186,6 +189,11 @@ def format_comparison(old: dict, new: dict, result: dict, old_name: str, new_nam
                 f"{o.get('tightest_contract_met') or 'none'}) -> {n.get('verdict', '-')} (tightest contract met: "
                 f"{n.get('tightest_contract_met') or 'none'})"
             )
+    if not result.get("same_mode", True):
+        lines.append(
+            "note: one report ran in trajectory mode and the other did not: every step is checked "
+            "in that mode, so its ratios are not comparable with the other's"
+        )
     if not result["same_cases"]:
         lines.append(
             "note: the reports drew different cases (seed, cases per run or sizes differ): ratios compare "
