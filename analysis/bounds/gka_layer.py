@@ -73,8 +73,10 @@ its unit, but for the GPU's fast float32 division and square root (Triton's and 
    zeta^2 ||S_hat||_F^2 + ((1 + e_z)(1 + e_m)(1 + gamma_D(u_dot))(1 + gamma_{D+C+8}) - 1) 2 zeta
    sum_j m_j |k_j|^T |S_hat| |k_j| + ((1 + e_m)^2 (1 + gamma_{2D+C}(u_dot))(1 + gamma_{C+10}) - 1)
    || |B|~_t ||_F^2`` to the square (``||S_hat||_F^2`` is summed on the CUDA cores; ``S_hat k_j``
-   and the Gram matrix ``k_i . k_j``, squared, are tensor-core products of D terms, and so is the
-   Triton kernel's C-term ``M W`` (``tl.dot``; the warp-group MMA kernel sums it with ``gl.sum``);
+   and the Gram matrix ``k_i . k_j``, squared, are tensor-core products of D terms; the Triton
+   kernel's C-term ``M W`` is a float32 ``tl.dot`` with ``input_precision="ieee"``, which the GPU
+   runs as FMAs, charged at u_dot all the same (an over-charge; the warp-group MMA kernel sums it
+   with ``gl.sum``);
    the other sums are ``tl.sum`` / ``gl.sum``), ``|sqrt(a') - sqrt(a)| <= |a' - a| / sqrt(a)``,
    and the fast root adds U_FAST:
    ``dfro = zeta (||E0||_F + ||U||_F) + dev2 / f_lo + U_FAST f_hi``, f_lo / f_hi the bounds on
