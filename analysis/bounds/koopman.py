@@ -25,7 +25,8 @@ column of ``X^ = L^{-1}`` by substitution on I, satisfies Thm 8.5, ``(L^ + dL) x
 ``th_n = (1 + u_o)^2 (1 + u)^n (1 + u_s) - 1``, u_o the contract's operand rounding of a
 float32 value (tf32: 2^-10, truncation covered), u its accumulation (2^-23 where the products
 run on the tensor cores, tf32 and tf32x3, which add with truncation; 2^-24 for "ieee" float32
-products), u_s its stores. Every
+products), u_s its stores; tf32x3 forms a product from three tf32 passes into one accumulator,
+charged as ``theta_{4n}`` (3n additions, the split parts' magnitudes within (1 + 2^-11)^2). Every
 division and square root, in H1-H3 alike, is charged the GPU's error, not one u: Triton lowers
 the kernel's float32 ``/`` to ``div.full.f32`` ("maximum ulp error is 2", PTX ISA) and
 ``tl.sqrt`` to ``sqrt.approx.ftz.f32`` (3 ulps taken, conservatively: no PTX figure could be
@@ -377,7 +378,11 @@ def readout_bound(
     # accumulation truncates (u_dot = 2^-23, as analysis.bounds.kla_kernel); "ieee" float32
     # products are CUDA-core FMAs, rounded to nearest
     u_prod = cp.u_acc if cp.operands in ("fp32", "fp64") else max(cp.u_acc, U_DOT)
-    th = _theta(r, u_prod, cp.u_operand(2.0**-24), cp.u_store)
+    # tf32x3 forms each product from three tf32 passes (hi hi', hi lo', lo hi') into one float32
+    # accumulator: 3n additions of terms whose magnitudes sum to at most (1 + 2^-11)^2 |a||b|,
+    # within gamma_{4n} |a|^T |b| since gamma_{4n} >= (1 + 2^-11)^2 gamma_{3n}
+    passes = 4 if cp.operands == "tf32x3" else 1
+    th = _theta(passes * r, u_prod, cp.u_operand(2.0**-24), cp.u_store)
     uf_o, uf_s = cf.u_operand(2.0**-24), cf.u_store
     # factorisation and substitution: Lemma 8.4's terms with operands rounded and L, X stored.
     # Row j's recurrence puts its j - 1 sums' factors and its pivot's on the side of the
