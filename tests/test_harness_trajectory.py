@@ -412,3 +412,11 @@ def test_the_pytest_plugin_takes_trajectory(kernel_harness):
     assert rep.trajectory and rep.verdict == PASS, str(rep)
     steps = [f for f in rep.history if " at step " in f.output]
     assert steps and all(f.reference_norm > 0 for f in steps)  # bound/||x_i|| is printed
+
+
+def test_half_spacings_of_float64_values_beyond_1e300():
+    """No cap on the value: a float64 entry of 1e305 gets its own half spacing (2^-53 2^1013),
+    not that of 1e300."""
+    y = torch.tensor([1e305, -3e307], dtype=torch.float64)
+    h = half_spacings(y, 2.0**-53, torch.float64)
+    assert bool((h == 2.0**-53 * torch.exp2(torch.floor(torch.log2(y.abs())))).all())

@@ -556,11 +556,10 @@ def half_spacings(y: torch.Tensor, u: float, dtype: torch.dtype) -> torch.Tensor
     ``[2^e, 2^(e+1)]``, so v's half spacing is at most y_i's. At most ``u |y_i|`` for a normal
     entry (Higham eq. (2.4)). Non-finite entries give inf."""
     a = y.to(_F64).abs()
+    finite = torch.isfinite(a)
     tiny = torch.finfo(dtype).tiny
-    h = u * torch.exp2(
-        binade(torch.nan_to_num(a, nan=math.inf, posinf=math.inf).clamp(tiny, 1e300))
-    )
-    return torch.where(torch.isfinite(a), h, torch.full_like(h, math.inf))
+    h = u * torch.exp2(binade(torch.where(finite, a, torch.ones_like(a)).clamp_min(tiny)))
+    return torch.where(finite, h, torch.full_like(h, math.inf))
 
 
 def value_roundoff(x: torch.Tensor) -> float:
