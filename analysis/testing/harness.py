@@ -96,9 +96,9 @@ from analysis.bounds.contract import (
     LINEAR_METHODS,
     arith_of,
     as_contract,
-    binade,
     cg_bound,
     fro_error,
+    half_spacings,
     linear_bound,
     value_roundoff,
 )
@@ -1287,8 +1287,7 @@ def run_case(
             outputs.extend(k_out)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - a kernel that crashes is a finding
         return _crash(case, strategy, f"kernel raised {type(e).__name__}: {e}")
-    changed = [k for k, v in saved.items() if not _same(v, rounded_in[k])]
-    changed += [k for k, v in saved_opts.items() if not _same(v, opts[k])]
+    changed = _modified(saved, rounded_in) + _modified(saved_opts, opts)
     if changed:
         return _crash(
             case, strategy, f"kernel modified its input {', '.join(map(repr, changed))} in place"
@@ -1453,10 +1452,8 @@ def observe_trajectory(kernel, inputs: dict, options: dict, steps: str, last: to
             out = _tuple(kernel(*fresh.values(), **{**opts, steps: i}))[0]
         except (Exception, SystemExit) as e:  # noqa: BLE001 - a crash is a finding
             return f"kernel raised {type(e).__name__}: {e} when run with {steps}={i}"
-        written = [k for k, v in inputs.items() if not _same(v, fresh[k])]
-        written += [
-            k for k, v in options.items() if isinstance(v, torch.Tensor) and not _same(v, opts[k])
-        ]
+        tensors = {k: v for k, v in options.items() if isinstance(v, torch.Tensor)}
+        written = _modified(inputs, fresh) + _modified(tensors, opts)
         if written:
             return (
                 f"kernel modified its input {', '.join(map(repr, written))} in place when run "
@@ -1491,9 +1488,7 @@ def output_rounding_bound(y: torch.Tensor, dims: tuple) -> torch.Tensor:
     entry, ``u 2^floor(log2 |y_i|)`` (u = the dtype's unit roundoff; ``u 2^e_min`` for a zero or
     subnormal entry). Below a power of two ``y_i = 2^e`` the spacing halves, so ``u 2^e`` covers
     both sides. At most ``u |y_i|`` for a normal entry (Higham eq. (2.4)), on average about 0.7 of it."""
-    u, tiny = unit_roundoff(y.dtype), torch.finfo(y.dtype).tiny
-    y = y.detach().to(torch.float64).abs().clamp_min(tiny)
-    h = u * torch.exp2(binade(y))
+    h = half_spacings(y.detach(), unit_roundoff(y.dtype), y.dtype)
     return torch.linalg.vector_norm(h, dim=dims) if dims else h
 
 
@@ -1513,6 +1508,11 @@ def _coarsest_output(contract, precision: torch.dtype) -> torch.dtype:
     if contract.stored and unit_roundoff(contract.storage) > unit_roundoff(precision):
         return contract.storage
     return precision
+
+
+def _modified(before: dict, after: dict) -> list:
+    """The names of the tensors in ``before`` whose values in ``after`` differ (written in place)."""
+    return [k for k, v in before.items() if not _same(v, after[k])]
 
 
 def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
