@@ -58,7 +58,9 @@ def test_the_observed_bound_is_never_above_the_bound_along_the_exact_trajectory(
         "chebyshev", H, q, iters=30, contract="bfloat16/storage", observed=obs, **bound_kw
     )
     assert bool((seen.bound <= plain.bound).all())
-    assert bool((seen.bound[-1] < 0.95 * plain.bound[-1]).all())  # the drift term is gone
+    # not a tolerance: the drift term is gone, and with it a visible part of the bound (measured
+    # 0.85-0.92 of the bound along the exact trajectory on these 6 systems)
+    assert bool((seen.bound[-1] < 0.95 * plain.bound[-1]).all())
 
 
 def test_bf16_storage_bound_meets_five_percent_on_gkas_ridge_systems():
@@ -274,6 +276,16 @@ def test_float32_inputs_under_a_coarser_operand_format_pass(contract, trajectory
             trajectory=trajectory,
         )
         assert rep.verdict != FAIL, str(rep)
+        # the larger bound still catches a broken variant (H's rounding is about 2^-8 or 2^-10)
+        rep = _check(
+            emulate.bind(fn, contract, "scaled"),
+            ref,
+            strategy,
+            contract,
+            precision="float32",
+            trajectory=trajectory,
+        )
+        assert rep.verdict == FAIL, str(rep)
 
 
 _BUFFER = {}
